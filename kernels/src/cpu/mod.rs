@@ -1,0 +1,33 @@
+//! The CPU backend: the reference every other backend is compared against. Parallel work is
+//! split over output rows in fixed-size chunks (never over a reduction), so the bits of every
+//! result are independent of the thread count.
+
+pub mod attention;
+pub mod binary;
+pub mod dequant;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod select;
+pub mod unary;
+
+use rayon::prelude::*;
+
+/// Calls `f(row_index, out_row)` for every `width`-sized row of `out`, in parallel when the
+/// total work is large enough to pay for it.
+pub(crate) fn for_each_row(
+    out: &mut [f32],
+    width: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    if width == 0 {
+        return;
+    }
+    if out.len() < 1 << 14 {
+        out.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+    } else {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    }
+}

@@ -1,0 +1,16 @@
+//! Device compute for the engine: one `Tensor` type, one op list (`ops`), and a backend per
+//! device. Models call `ops::*`; backends never know what a model is.
+
+pub mod cpu;
+mod dtype;
+mod error;
+pub mod ops;
+pub mod quant;
+mod storage;
+mod tensor;
+
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use quant::{QuantMode, QuantSpec, QuantWeight, Weight};
+pub use storage::{AlignedBuf, ByteOwner, Bytes, Device, Storage};
+pub use tensor::{numel, Tensor};
