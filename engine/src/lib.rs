@@ -1,1 +1,14 @@
+//! The inference engine: checkpoint loading (`config`, `weights`, `tokenizer`), model families
+//! (`models`, built from `layers`), per-sequence state (`cache`) and the generation loop
+//! (`generate`). `Pipeline` ties a checkpoint folder together.
 
+pub mod cache;
+pub mod config;
+pub mod generate;
+pub mod layers;
+pub mod models;
+pub mod pipeline;
+pub mod tokenizer;
+pub mod weights;
+
+pub use pipeline::{Pipeline, RequestOptions};

@@ -61,6 +61,13 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
 /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) · w` (`w` of any float dtype,
 /// omitted for the weightless variant).
 pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    need_rows("rms_norm", x)?;
+    if !(eps >= 0.0 && eps.is_finite()) {
+        return crate::error::invalid(
+            "rms_norm",
+            format!("eps must be finite and >= 0, got {eps}"),
+        );
+    }
     if let Some(w) = w {
         if w.numel() != x.dim(-1) {
             return shape_err(
@@ -107,7 +114,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
         && k.shape() == v.shape()
         && q.dim(2) == k.dim(2)
         && k.dim(0) > 0
-        && q.dim(1) % k.dim(0) == 0
+        && q.dim(1).is_multiple_of(k.dim(0))
         && p.kv_len <= k.dim(1)
         && p.q_start + q.dim(0) <= p.kv_len;
     if !ok {
@@ -122,6 +129,17 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
                 p.kv_len
             ),
         );
+    }
+    if p.window == Some(0) {
+        return crate::error::invalid("attention", "a sliding window must hold at least 1 key");
+    }
+    if let Some(c) = p.softcap {
+        if !(c > 0.0 && c.is_finite()) {
+            return crate::error::invalid(
+                "attention",
+                format!("softcap must be finite and > 0, got {c}"),
+            );
+        }
     }
     cpu::attention::attention(q, k, v, p)
 }
@@ -146,13 +164,16 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     cpu::attention::kv_write(cache, new, pos)
 }
 
-/// Softmax over the last dimension.
+/// Softmax over the last dimension. A row that is all `-inf` (fully masked) gives zeros.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    need_rows("softmax", x)?;
     cpu::unary::softmax(x)
 }
 
-/// Log-softmax over the last dimension, computed in f64 for exact-looking logprobs.
+/// Log-softmax over the last dimension, computed in f64 for exact-looking logprobs. A row
+/// that is all `-inf` stays all `-inf`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    need_rows("log_softmax", x)?;
     cpu::unary::log_softmax(x)
 }
 
@@ -188,17 +209,187 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     cpu::binary::binary("mul", a, b, |x, y| x * y)
 }
 
-/// `silu(gate) · up`, the SwiGLU activation (fused: one pass, no temporary).
+/// `silu(gate) · up`, the SwiGLU activation (fused: one pass, no temporary). Both halves
+/// must have the same shape.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.shape() != up.shape() {
+        return shape_err(
+            "swiglu",
+            format!("gate {:?} and up {:?} differ", gate.shape(), up.shape()),
+        );
+    }
     cpu::binary::binary("swiglu", gate, up, |g, u| cpu::unary::silu(g) * u)
 }
 
-/// Index of the largest element of each row of `x` `[.., N]`; ties go to the lower index.
+/// Index of the largest element of each row of `x` `[.., N]`; ties go to the lower index and
+/// NaN never wins (an all-NaN row gives 0).
 pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
+    need_rows("argmax", x)?;
     cpu::select::argmax(x)
 }
 
-/// The `k` largest `(index, value)` of a 1-D `x`, best first; ties go to the lower index.
+/// The `k` largest `(index, value)` of a 1-D `x`, best first; ties go to the lower index, NaN
+/// ranks below `-inf`, and `k > N` gives all `N`.
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
     cpu::select::top_k(x, k)
+}
+
+/// Row-wise ops work over the last dimension, which a 0-d tensor does not have.
+fn need_rows(op: &'static str, x: &Tensor) -> Result<()> {
+    if x.dims() == 0 {
+        return shape_err(op, "needs at least one dimension, got a scalar");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet (DESIGN §5) and the depthwise causal conv that feeds it. One sequence per call;
+// activations and recurrent state are f32.
+// ---------------------------------------------------------------------------------------------
+
+/// Chunk length of [`gdn_chunked`] unless a caller has measured better.
+pub const GDN_CHUNK: usize = 64;
+
+/// The log-space decay gate `g_log = −exp(A_log)·softplus(a + dt_bias)`: `a` is `[T, Hv]`,
+/// `a_log` and `dt_bias` are `[Hv]` (any float dtype); returns `[T, Hv]`. Finite for every
+/// finite input (clamped at [`cpu::gdn::GATE_FLOOR`], whose `exp` is exactly 0); feed it to
+/// the GDN ops as is, never as `exp` then `log`.
+pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {
+    need_f32("gdn_gate", "a", a)?;
+    if a.dims() != 2 || a_log.numel() != a.dim(1) || dt_bias.numel() != a.dim(1) {
+        return shape_err(
+            "gdn_gate",
+            format!(
+                "a {:?} must be [T, Hv] with A_log {:?} and dt_bias {:?} of Hv elements",
+                a.shape(),
+                a_log.shape(),
+                dt_bias.shape()
+            ),
+        );
+    }
+    cpu::gdn::gate(a, a_log, dt_bias)
+}
+
+/// The per-step Gated DeltaNet recurrence (reference and decode path). `q, k` `[T, Hk, Dk]`
+/// (already normalised and scaled), `v` `[T, Hv, Dv]`, `g_log, beta` `[T, Hv]`, `state`
+/// `[Hv, Dv, Dk]` (updated in place); value head `h` reads key head `h / (Hv/Hk)`. Per step:
+/// `S ← e^g·S; δ = β(v − S k); S ← S + δ kᵀ; y = S q`. Returns `y` `[T, Hv, Dv]`.
+pub fn gdn_recurrent(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g_log: &Tensor,
+    beta: &Tensor,
+    state: &mut Tensor,
+) -> Result<Tensor> {
+    gdn_check("gdn_recurrent", q, k, v, g_log, beta, state)?;
+    cpu::gdn::recurrent(q, k, v, g_log, beta, state)
+}
+
+/// Same contract as [`gdn_recurrent`], computed chunk by chunk (`chunk` tokens at a time, see
+/// [`GDN_CHUNK`]) with matrix products: the prefill path. Equal to the per-step result up to
+/// f32 rounding.
+pub fn gdn_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g_log: &Tensor,
+    beta: &Tensor,
+    state: &mut Tensor,
+    chunk: usize,
+) -> Result<Tensor> {
+    gdn_check("gdn_chunked", q, k, v, g_log, beta, state)?;
+    if chunk == 0 {
+        return crate::error::invalid("gdn_chunked", "chunk length must be at least 1");
+    }
+    cpu::gdn::chunked(q, k, v, g_log, beta, state, chunk)
+}
+
+/// Depthwise causal conv over time: `x` `[T, C]`, `weight` `[C, K]` (any float dtype; reshape
+/// `[C, K, 1]` / `[C, 1, K]` checkpoint tensors first), `state` `[K−1, C]` holding the inputs
+/// before `x` (zeros at the start of a sequence), updated to the last `K − 1` inputs. No bias;
+/// `silu` applies SiLU to the result. Returns `[T, C]`.
+pub fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &mut Tensor, silu: bool) -> Result<Tensor> {
+    need_f32("causal_conv1d", "x", x)?;
+    need_f32("causal_conv1d", "state", state)?;
+    let ok = x.dims() == 2
+        && weight.dims() == 2
+        && weight.dim(0) == x.dim(1)
+        && weight.dim(1) >= 1
+        && state.shape() == [weight.dim(1) - 1, x.dim(1)];
+    if !ok {
+        return shape_err(
+            "causal_conv1d",
+            format!(
+                "x {:?} must be [T, C], weight {:?} [C, K] and state {:?} [K-1, C]",
+                x.shape(),
+                weight.shape(),
+                state.shape()
+            ),
+        );
+    }
+    cpu::gdn::causal_conv1d(x, weight, state, silu)
+}
+
+/// Shapes and dtypes shared by the two GDN paths.
+fn gdn_check(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g_log: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+) -> Result<()> {
+    for (name, t) in [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("g_log", g_log),
+        ("beta", beta),
+        ("state", state),
+    ] {
+        need_f32(op, name, t)?;
+    }
+    let ok = q.dims() == 3
+        && k.shape() == q.shape()
+        && v.dims() == 3
+        && v.dim(0) == q.dim(0)
+        && q.dim(1) > 0
+        && q.dim(2) > 0
+        && v.dim(1) > 0
+        && v.dim(2) > 0
+        && v.dim(1) % q.dim(1) == 0
+        && g_log.shape() == [v.dim(0), v.dim(1)]
+        && beta.shape() == [v.dim(0), v.dim(1)]
+        && state.shape() == [v.dim(1), v.dim(2), q.dim(2)];
+    if !ok {
+        return shape_err(
+            op,
+            format!(
+                "want q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, g_log and beta \
+                 [T, Hv], state [Hv, Dv, Dk]; got q {:?}, k {:?}, v {:?}, g_log {:?}, beta {:?}, \
+                 state {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                g_log.shape(),
+                beta.shape(),
+                state.shape()
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Activations and recurrent state must be f32; the message names the offending tensor.
+fn need_f32(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
+    if t.dtype() != crate::DType::F32 {
+        return Err(crate::Error::DType {
+            op,
+            dtype: t.dtype(),
+            msg: format!("{name} must be f32"),
+        });
+    }
+    Ok(())
 }

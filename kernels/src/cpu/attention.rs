@@ -1,63 +1,253 @@
+//! Causal GQA attention, flash style: each task owns one KV head and a block of query
+//! positions (all query heads of that KV head's group), scores the block against key tiles
+//! with a single-threaded gemm, and folds each tile into an online softmax. Tasks split the
+//! output only, and a task's key tiles are always walked in the same order, so the result is
+//! bit-identical for any thread count.
+
+use rayon::prelude::*;
+
+use super::unary::exp_approx;
 use crate::ops::AttnParams;
 use crate::{Result, Tensor};
+
+/// Score rows (query position × head of the GQA group) per task: enough to run the gemm
+/// micro-kernels at full width, few enough that causal tasks of unequal size still balance.
+const TASK_ROWS: usize = 64;
+/// Keys scored per step of the online softmax; the score tile (`TASK_ROWS × KEY_TILE` f32)
+/// stays in L2.
+const KEY_TILE: usize = 256;
 
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
     let (t_len, hq, d) = (q.dim(0), q.dim(1), q.dim(2));
     let (hk, cap) = (k.dim(0), k.dim(1));
-    let group = hq / hk;
     let (qs, ks, vs) = (q.f32s()?, k.f32s()?, v.f32s()?);
     let mut out = vec![0.0f32; t_len * hq * d];
-    // One output row per (query position, query head): no reduction is ever split.
-    super::for_each_row(&mut out, d, |row, o| {
-        let (t, h) = (row / hq, row % hq);
-        let kvh = h / group;
-        let pos = p.q_start + t;
-        let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let qv = &qs[row * d..(row + 1) * d];
-        let base = kvh * cap * d;
-        let mut scores: Vec<f32> = (lo..=pos)
-            .map(|j| {
-                let kv = &ks[base + j * d..base + (j + 1) * d];
-                let s = dot(qv, kv) * p.scale;
-                match p.softcap {
-                    Some(c) => c * (s / c).tanh(),
-                    None => s,
-                }
-            })
-            .collect();
-        let mut probs = vec![0.0f32; scores.len()];
-        super::unary::softmax_row(&scores, &mut probs);
-        scores.clear();
-        o.fill(0.0);
-        for (j, &w) in (lo..=pos).zip(&probs) {
-            let vv = &vs[base + j * d..base + (j + 1) * d];
-            o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+    if out.is_empty() {
+        return Tensor::from_f32(q.shape(), out);
+    }
+    let group = hq / hk;
+    let block = TASK_ROWS.div_ceil(group).min(t_len);
+    let blocks = t_len.div_ceil(block);
+    let geom = Geometry {
+        hq,
+        d,
+        group,
+        p: *p,
+    };
+    let span = |b: usize| (b * block, ((b + 1) * block).min(t_len));
+    let tiles: Vec<Vec<f32>> = (0..hk * blocks)
+        .into_par_iter()
+        .map(|task| {
+            let (h, b) = (task / blocks, task % blocks);
+            let cache = h * cap * d..(h + 1) * cap * d;
+            geom.task(qs, &ks[cache.clone()], &vs[cache], h, span(b))
+        })
+        .collect();
+    for (task, tile) in tiles.iter().enumerate() {
+        let (h, b) = (task / blocks, task % blocks);
+        let (t0, t1) = span(b);
+        let w = group * d;
+        for (t, src) in (t0..t1).zip(tile.chunks(w)) {
+            let at = (t * hq + h * group) * d;
+            out[at..at + w].copy_from_slice(src);
         }
-    });
+    }
     Tensor::from_f32(q.shape(), out)
 }
 
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent partial sums let the compiler vectorise; the order is fixed, so the
-    // result does not depend on threads.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+/// What every task needs besides its own slices.
+struct Geometry {
+    hq: usize,
+    d: usize,
+    group: usize,
+    p: AttnParams,
+}
+
+impl Geometry {
+    /// Keys `lo..hi` visible to query row `t` (causal, optionally windowed).
+    fn keys(&self, t: usize) -> (usize, usize) {
+        let pos = self.p.q_start + t;
+        let lo = self.p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        (lo, pos + 1)
+    }
+
+    /// Score rows (of a task over `t0..t1`) that see `key`: query `t` sees it when
+    /// `key <= q_start + t` and, with a window `w`, `q_start + t < key + w`. The rows form
+    /// one range because they are ordered by position.
+    fn rows_seeing(&self, key: usize, (t0, t1): (usize, usize)) -> (usize, usize) {
+        let ta = key.saturating_sub(self.p.q_start).max(t0);
+        let tb = self
+            .p
+            .window
+            .map_or(t1, |w| (key + w).saturating_sub(self.p.q_start).min(t1));
+        if ta >= tb {
+            return (0, 0);
         }
+        ((ta - t0) * self.group, (tb - t0) * self.group)
     }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+
+    /// Output rows `(t, j)` for `t` in `t0..t1` and the group's heads `j`, `[rows, D]` with
+    /// row `(t - t0)·group + j`. `ks`/`vs` are this KV head's cache `[Cap, D]`.
+    ///
+    /// Scores and the accumulator are kept column-major (`[key][row]`, `[dim][row]`): that is
+    /// the layout gemm's micro-kernels write without transposing, and it makes the softmax
+    /// bookkeeping (masking, running max and sum, rescaling) run along contiguous rows.
+    fn task(
+        &self,
+        qs: &[f32],
+        ks: &[f32],
+        vs: &[f32],
+        h: usize,
+        (t0, t1): (usize, usize),
+    ) -> Vec<f32> {
+        let (d, g) = (self.d, self.group);
+        let m = (t1 - t0) * g;
+        let mut qt = Vec::with_capacity(m * d);
+        for t in t0..t1 {
+            let at = (t * self.hq + h * g) * d;
+            qt.extend_from_slice(&qs[at..at + g * d]);
+        }
+        let (first, _) = self.keys(t0);
+        let (_, end) = self.keys(t1 - 1);
+        let mut o = vec![0.0f32; d * m];
+        let mut run_max = vec![f32::NEG_INFINITY; m];
+        let mut run_sum = vec![0.0f32; m];
+        let (mut shift, mut corr, mut tile_sum) =
+            (vec![0.0f32; m], vec![0.0f32; m], vec![0.0f32; m]);
+        let mut scores = vec![0.0f32; m * KEY_TILE.min(end - first)];
+        for j0 in (first..end).step_by(KEY_TILE) {
+            let nk = KEY_TILE.min(end - j0);
+            let s = &mut scores[..m * nk];
+            gemm_into(
+                (m, nk, d),
+                (s, 1, m),
+                false,
+                (&qt, d, 1),
+                (&ks[j0 * d..], 1, d),
+                self.p.scale,
+            );
+            let mut tile_max = std::mem::take(&mut shift);
+            tile_max.fill(f32::NEG_INFINITY);
+            for (c, col) in s.chunks_mut(m).enumerate() {
+                let (a, b) = self.rows_seeing(j0 + c, (t0, t1));
+                col[..a].fill(f32::NEG_INFINITY);
+                col[b.max(a)..].fill(f32::NEG_INFINITY);
+                let live = &mut col[a..b.max(a)];
+                if let Some(cap) = self.p.softcap {
+                    live.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+                }
+                tile_max[a..b.max(a)]
+                    .iter_mut()
+                    .zip(live.iter())
+                    .for_each(|(mx, &x)| *mx = mx.max(x));
+            }
+            // New running max; a row with no visible key yet shifts by 0 instead, so its
+            // masked scores give exp(-inf) = 0 rather than exp(-inf + inf) = NaN.
+            shift = tile_max;
+            for r in 0..m {
+                let new_max = run_max[r].max(shift[r]);
+                shift[r] = if new_max == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    new_max
+                };
+                corr[r] = exp_approx(run_max[r] - shift[r]);
+                run_max[r] = new_max;
+            }
+            tile_sum.fill(0.0);
+            for col in s.chunks_mut(m) {
+                col.iter_mut()
+                    .zip(&shift)
+                    .zip(tile_sum.iter_mut())
+                    .for_each(|((x, &sh), sum)| {
+                        *x = exp_approx(*x - sh);
+                        *sum += *x;
+                    });
+            }
+            run_sum
+                .iter_mut()
+                .zip(&corr)
+                .zip(&tile_sum)
+                .for_each(|((l, &c), &t)| *l = *l * c + t);
+            for col in o.chunks_mut(m) {
+                col.iter_mut().zip(&corr).for_each(|(x, &c)| *x *= c);
+            }
+            gemm_into(
+                (m, d, nk),
+                (&mut o, 1, m),
+                true,
+                (s, 1, m),
+                (&vs[j0 * d..], d, 1),
+                1.0,
+            );
+        }
+        // Every row sees at least its own position, so the sum is >= 1 unless inputs are NaN.
+        let inv: Vec<f32> = run_sum.iter().map(|&l| 1.0 / l).collect();
+        let mut rows = vec![0.0f32; m * d];
+        for (c, col) in o.chunks(m).enumerate() {
+            for (r, (&x, &iv)) in col.iter().zip(&inv).enumerate() {
+                rows[r * d + c] = x * iv;
+            }
+        }
+        rows
     }
-    s
+}
+
+/// `dst = [dst +] beta · lhs · rhs` for an `m×n` destination; each matrix is given as
+/// `(slice, row stride, column stride)`. Single-threaded: parallelism lives in the callers'
+/// task split. Panics (a bug, not bad input) if a slice is too short for its strides.
+fn gemm_into(
+    (m, n, k): (usize, usize, usize),
+    dst: (&mut [f32], usize, usize),
+    accumulate: bool,
+    lhs: (&[f32], usize, usize),
+    rhs: (&[f32], usize, usize),
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(dst.0.len() > last(m, n, dst.1, dst.2));
+    if k == 0 {
+        if !accumulate {
+            dst.0.fill(0.0);
+        }
+        return;
+    }
+    assert!(lhs.0.len() > last(m, k, lhs.1, lhs.2));
+    assert!(rhs.0.len() > last(k, n, rhs.1, rhs.2));
+    // SAFETY: the asserts above keep every element the strides address inside its slice, and
+    // `dst` is borrowed mutably, so it cannot alias `lhs` or `rhs`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0.as_mut_ptr(),
+            dst.2 as isize,
+            dst.1 as isize,
+            accumulate,
+            lhs.0.as_ptr(),
+            lhs.2 as isize,
+            lhs.1 as isize,
+            rhs.0.as_ptr(),
+            rhs.2 as isize,
+            rhs.1 as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
 }
 
 pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     let (t_len, hk, d) = (new.dim(0), new.dim(1), new.dim(2));
     let cap = cache.dim(1);
-    let src = new.f32s()?.to_vec();
+    let src = new.f32s()?;
     let dst = cache.f32s_mut()?;
     for t in 0..t_len {
         for h in 0..hk {

@@ -1,28 +1,293 @@
+//! `x @ wᵀ` for every weight format, and embedding lookups.
+//!
+//! Two kernels, both split over output columns (weight rows) in tiles whose size depends only
+//! on the problem shape, never on the thread count, so results are bit-identical for any
+//! `RAYON_NUM_THREADS`:
+//! - prefill (more than [`DECODE_MAX_M`] input rows): per tile of [`TILE_N`] weight rows, widen
+//!   the rows into a thread-local f32 buffer (dense f32 is read in place) and run one
+//!   single-threaded `gemm` over all input rows and the tile's full K;
+//! - decode (a few input rows): per chunk of [`ROW_CHUNK`] weight rows, widen each row a span
+//!   of [`SPAN`] columns at a time into a stack buffer and fold it into 16 fixed lanes per input
+//!   row, so the weight streams from memory exactly once and never lands in a big buffer.
+
+use std::cell::RefCell;
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::dequant::WeightRows;
+use crate::error::shape_err;
 use crate::{Result, Tensor, Weight};
 
+/// Inputs with at most this many rows take the fused decode kernel.
+pub const DECODE_MAX_M: usize = 4;
+/// Weight rows per prefill tile: large enough that the per-tile `gemm` call amortises packing
+/// the input, small enough that a widened tile stays in L2 for typical K.
+pub const TILE_N: usize = 128;
+/// Weight rows per decode work item.
+pub const ROW_CHUNK: usize = 32;
+/// Below this many weight elements the work runs on the calling thread.
+const PARALLEL_MIN_ELEMS: usize = 1 << 16;
+
+thread_local! {
+    /// Scratch for widened weight rows, reused across calls to avoid page-faulting a fresh
+    /// buffer per tile.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, 0.0);
+        }
+        f(&mut s[..len])
+    })
+}
+
+/// The output buffer shared by tiles that write disjoint elements of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every tile writes only its own columns (a disjoint set of elements), and the buffer
+// outlives the parallel loop that uses it.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Element `i` of the buffer. Going through a method (not the field) makes closures capture
+    /// the whole `Send` wrapper rather than the raw pointer inside it.
+    #[inline(always)]
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
-    let (n, k) = (w.rows(), w.cols());
-    let m = x.numel() / k;
+    let rows = WeightRows::new(w)?;
+    let (n, k) = (rows.rows(), rows.cols());
+    if x.dims() == 0 || x.dim(-1) != k {
+        return shape_err(
+            "matmul",
+            format!(
+                "input {:?} must end in {k} features to match weight {n}x{k} ({})",
+                x.shape(),
+                w.format_name()
+            ),
+        );
+    }
     let xs = x.f32s()?;
-    let mut wt = vec![0.0f32; n * k];
-    super::dequant::dequant_rows(w, 0, n, &mut wt)?;
+    let m: usize = x.shape()[..x.dims() - 1].iter().product();
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("checked dims above") = n;
     let mut out = vec![0.0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            out[i * n + j] =
-                super::attention::dot(&xs[i * k..(i + 1) * k], &wt[j * k..(j + 1) * k]);
+    if m > 0 && n > 0 && k > 0 {
+        if m <= DECODE_MAX_M {
+            matvec(xs, m, &rows, &mut out);
+        } else {
+            tiled_gemm(xs, m, &rows, &mut out);
         }
     }
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().unwrap() = n;
     Tensor::from_f32(&shape, out)
 }
 
+fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+    let (n, k) = (w.rows(), w.cols());
+    let dst = OutPtr(out.as_mut_ptr());
+    let tile = |t: usize| {
+        let j0 = t * TILE_N;
+        let nt = TILE_N.min(n - j0);
+        let run = |rhs: &[f32]| {
+            // SAFETY: `rhs` holds `nt` rows of `k`; the destination block is rows 0..m,
+            // columns j0..j0 + nt of the m x n output, written by this tile alone.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    nt,
+                    k,
+                    dst.at(j0),
+                    1,
+                    n as isize,
+                    false,
+                    xs.as_ptr(),
+                    1,
+                    k as isize,
+                    rhs.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                )
+            }
+        };
+        match w.f32_rows(j0, nt) {
+            Some(block) => run(block),
+            None => with_scratch(nt * k, |buf| {
+                decode_tile(w, j0, buf);
+                run(buf)
+            }),
+        }
+    };
+    let tiles = n.div_ceil(TILE_N);
+    if m * n * k < PARALLEL_MIN_ELEMS {
+        (0..tiles).for_each(tile);
+    } else {
+        (0..tiles).into_par_iter().for_each(tile);
+    }
+}
+
+fn decode_tile(w: &WeightRows, r0: usize, buf: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::has_avx2() {
+        // SAFETY: the CPU supports AVX2 (checked above).
+        return unsafe { simd::decode_rows_avx2(w, r0, buf) };
+    }
+    w.decode_rows(r0, buf)
+}
+
+fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+    let n = w.rows();
+    let dst = OutPtr(out.as_mut_ptr());
+    let chunk = |c: usize| {
+        let r0 = c * ROW_CHUNK;
+        let r1 = (r0 + ROW_CHUNK).min(n);
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2() {
+            // SAFETY: AVX2 is present; the chunk writes only output columns r0..r1.
+            return unsafe { simd::matvec_rows_avx2(xs, m, w, r0, r1, dst) };
+        }
+        // SAFETY: the chunk writes only output columns r0..r1.
+        unsafe { matvec_rows(xs, m, w, r0, r1, dst) }
+    };
+    let chunks = n.div_ceil(ROW_CHUNK);
+    if n * w.cols() < PARALLEL_MIN_ELEMS {
+        (0..chunks).for_each(chunk);
+    } else {
+        (0..chunks).into_par_iter().for_each(chunk);
+    }
+}
+
+/// Columns decoded at a time by the decode kernel: a multiple of every group size, so spans
+/// never split a group, and small enough to live on the stack.
+const SPAN: usize = 128;
+
+/// Output columns `r0..r1` for all `m` input rows: each weight row is decoded one span at a
+/// time into a stack buffer and folded into 16 lanes per input row, so the weight is read
+/// once and the partial sums stay in registers. Safety: no other thread writes those columns.
+#[inline(always)]
+unsafe fn matvec_rows(xs: &[f32], m: usize, w: &WeightRows, r0: usize, r1: usize, dst: OutPtr) {
+    let (n, k) = (w.rows(), w.cols());
+    let mut buf = [0.0f32; SPAN];
+    let mut acc = [[0.0f32; LANES]; DECODE_MAX_M];
+    for r in r0..r1 {
+        let acc = &mut acc[..m];
+        acc.iter_mut().for_each(|a| *a = [0.0; LANES]);
+        let mut c0 = 0;
+        while c0 < k {
+            let len = SPAN.min(k - c0);
+            let span: &[f32] = match w.f32_rows(r, 1) {
+                Some(row) => &row[c0..c0 + len],
+                None => {
+                    w.decode_span(r, c0, &mut buf[..len]);
+                    &buf[..len]
+                }
+            };
+            for (i, a) in acc.iter_mut().enumerate() {
+                fold_lanes(a, &xs[i * k + c0..i * k + c0 + len], span);
+            }
+            c0 += len;
+        }
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: (i, r) is inside the m x n output and column r belongs to this chunk.
+            unsafe { *dst.at(i * n + r) = sum_lanes(a) };
+        }
+    }
+}
+
+const LANES: usize = 32;
+
+/// `acc[j % 16] += a[j]·b[j]` in order. Spans are multiples of 16 except a dense row's last,
+/// so lane j always receives the same products in the same order, whatever the vector width.
+#[inline(always)]
+fn fold_lanes(acc: &mut [f32; LANES], a: &[f32], b: &[f32]) {
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in at.iter().zip(bt).enumerate() {
+        acc[l] += x * y;
+    }
+}
+
+/// The 16 lanes summed in a fixed tree.
+#[inline(always)]
+fn sum_lanes(acc: &[f32; LANES]) -> f32 {
+    let mut acc = *acc;
+    let mut w = LANES / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! The same loops compiled with AVX2 enabled, picked at run time. No FMA: contraction
+    //! would change the bits relative to the portable path.
+    use super::{OutPtr, WeightRows};
+
+    pub fn has_avx2() -> bool {
+        std::is_x86_feature_detected!("avx2")
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn decode_rows_avx2(w: &WeightRows, r0: usize, buf: &mut [f32]) {
+        w.decode_rows(r0, buf)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn matvec_rows_avx2(
+        xs: &[f32],
+        m: usize,
+        w: &WeightRows,
+        r0: usize,
+        r1: usize,
+        dst: OutPtr,
+    ) {
+        unsafe { super::matvec_rows(xs, m, w, r0, r1, dst) }
+    }
+}
+
+/// Rows `ids` of `w` widened to f32, `[ids.len(), cols]`; only those rows are decoded.
 pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
-    let d = w.cols();
+    let rows = WeightRows::new(w)?;
+    let d = rows.cols();
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= rows.rows()) {
+        return crate::error::invalid(
+            "embedding",
+            format!(
+                "token id {bad} is outside the vocabulary of {} rows",
+                rows.rows()
+            ),
+        );
+    }
     let mut out = vec![0.0f32; ids.len() * d];
-    for (i, &id) in ids.iter().enumerate() {
-        super::dequant::dequant_rows(w, id as usize, 1, &mut out[i * d..(i + 1) * d])?;
+    if d > 0 {
+        let one = |(o, &id): (&mut [f32], &u32)| decode_tile(&rows, id as usize, o);
+        if out.len() < PARALLEL_MIN_ELEMS {
+            out.chunks_mut(d).zip(ids).for_each(one);
+        } else {
+            out.par_chunks_mut(d).zip(ids).for_each(one);
+        }
     }
     Tensor::from_f32(&[ids.len(), d], out)
 }

@@ -5,7 +5,9 @@
 pub mod attention;
 pub mod binary;
 pub mod dequant;
+pub mod gdn;
 pub mod matmul;
+pub mod minifloat;
 pub mod norm;
 pub mod rope;
 pub mod select;

@@ -1,17 +1,20 @@
+use std::cmp::Ordering;
+
 use crate::error::shape_err;
 use crate::{Result, Tensor};
 
+/// Index of each row's largest element; ties keep the lowest index (so `-0.0` and `0.0` tie),
+/// NaN never wins, and a row of only NaN gives 0.
 pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     let n = x.dim(-1);
     if n == 0 {
-        return shape_err("argmax", "empty last dimension");
+        return shape_err("argmax", format!("empty last dimension in {:?}", x.shape()));
     }
     Ok(x.f32s()?
         .chunks(n)
         .map(|row| {
             let mut best = 0;
             for (i, &v) in row.iter().enumerate() {
-                // Strict `>` keeps the lowest index among ties; NaN never wins.
                 if v > row[best] || row[best].is_nan() && !v.is_nan() {
                     best = i;
                 }
@@ -19,6 +22,16 @@ pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
             best as u32
         })
         .collect())
+}
+
+/// Descending by value with NaN below everything (even `-inf`), then ascending by index.
+fn rank(v: &[f32], a: u32, b: u32) -> Ordering {
+    let (x, y) = (v[a as usize], v[b as usize]);
+    let by_value = match (x.is_nan(), y.is_nan()) {
+        (false, false) => y.partial_cmp(&x).unwrap_or(Ordering::Equal),
+        (nx, ny) => nx.cmp(&ny),
+    };
+    by_value.then(a.cmp(&b))
 }
 
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
@@ -30,20 +43,13 @@ pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
     }
     let v = x.f32s()?;
     let mut idx: Vec<u32> = (0..v.len() as u32).collect();
-    let key = |i: &u32| {
-        let x = v[*i as usize];
-        if x.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            x
-        }
-    };
     let k = k.min(v.len());
-    let by = |a: &u32, b: &u32| key(b).total_cmp(&key(a)).then(a.cmp(b));
-    if k < idx.len() && k > 0 {
+    let by = |a: &u32, b: &u32| rank(v, *a, *b);
+    // Partition first so the sort touches only the k winners (vocabularies are ~10⁵).
+    if k > 0 && k < idx.len() {
         idx.select_nth_unstable_by(k - 1, by);
     }
     idx.truncate(k);
-    idx.sort_by(by);
+    idx.sort_unstable_by(by);
     Ok(idx.into_iter().map(|i| (i, v[i as usize])).collect())
 }

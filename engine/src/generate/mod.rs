@@ -1,0 +1,129 @@
+//! The prefill/decode loop: validates a request against the model, prefills the prompt (in
+//! pieces when asked), then decodes until a stop token or the token budget.
+
+pub mod rng;
+pub mod sampler;
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use kernels::ops;
+
+use crate::models::CausalLm;
+pub use sampler::{Sampler, SamplingParams};
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end generation; the stop token itself is not part of the output.
+    pub stop_ids: Vec<u32>,
+    /// When > 0, record the best `top_logprobs` `[token, logprob]` pairs of every step.
+    pub top_logprobs: usize,
+    /// Prefill at most this many tokens per forward (`None`: the whole prompt at once).
+    pub prefill_step: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// `max_tokens` were generated, or the context is full.
+    Length,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GenerateOutput {
+    pub prompt_ids: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// From the prompt entering the engine to the first token's logits on the host.
+    pub ttft_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+}
+
+/// Checks a request against the model's vocabulary and context before any work is done.
+pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
+    let info = model.info();
+    if req.prompt_ids.is_empty() {
+        bail!("the prompt is empty: give at least one token");
+    }
+    if let Some((i, &id)) = req.prompt_ids.iter().enumerate().find(|(_, &id)| id as usize >= info.vocab_size) {
+        bail!(
+            "prompt token {i} has id {id}, outside the model's vocabulary (vocab_size {})",
+            info.vocab_size
+        );
+    }
+    if req.prompt_ids.len() >= info.context_length {
+        bail!(
+            "the prompt has {} tokens but the context holds {} (max_position_embeddings); at least one must remain for generation",
+            req.prompt_ids.len(),
+            info.context_length
+        );
+    }
+    if req.prefill_step == Some(0) {
+        bail!("prefill step must be at least 1 token");
+    }
+    req.sampling.validate()
+}
+
+/// Runs one request to completion; `on_token` sees every generated token as it is produced.
+pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl FnMut(u32)) -> Result<GenerateOutput> {
+    validate(model, req)?;
+    let context = model.info().context_length;
+    let budget = req.max_tokens.min(context - req.prompt_ids.len());
+    let mut sampler = Sampler::new(req.sampling);
+    let mut state = model.new_state();
+    let mut tokens = Vec::with_capacity(budget);
+    let mut top = (req.top_logprobs > 0).then(Vec::new);
+    let mut finish = FinishReason::Length;
+
+    let start = Instant::now();
+    let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
+    let mut logits = None;
+    for piece in req.prompt_ids.chunks(step) {
+        logits = Some(model.forward(piece, &mut state, false)?);
+    }
+    let mut logits = logits.expect("prompt is non-empty");
+    let ttft = start.elapsed().as_secs_f64();
+    let decode_start = Instant::now();
+
+    while tokens.len() < budget {
+        if let Some(top) = top.as_mut() {
+            let lp = ops::log_softmax(&logits)?;
+            let v = lp.dim(-1);
+            top.push(ops::top_k(&lp.reshape(&[v])?, req.top_logprobs)?);
+        }
+        let next = sampler.sample(&logits)?;
+        if req.stop_ids.contains(&next) {
+            finish = FinishReason::Stop;
+            if let Some(top) = top.as_mut() {
+                top.pop();
+            }
+            break;
+        }
+        tokens.push(next);
+        on_token(next);
+        if tokens.len() == budget {
+            break;
+        }
+        logits = model.forward(&[next], &mut state, false)?;
+    }
+    let decode_secs = decode_start.elapsed().as_secs_f64();
+    // Decode speed counts the forwards after the first token (the first came from prefill).
+    let decode_steps = tokens.len().saturating_sub(1) as f64;
+    Ok(GenerateOutput {
+        prompt_ids: req.prompt_ids.clone(),
+        tokens,
+        finish_reason: finish,
+        ttft_ms: ttft * 1e3,
+        prefill_tokens_per_s: req.prompt_ids.len() as f64 / ttft.max(1e-12),
+        decode_tokens_per_s: if decode_steps > 0.0 { decode_steps / decode_secs.max(1e-12) } else { 0.0 },
+        top_logprobs: top,
+    })
+}

@@ -1,0 +1,89 @@
+use anyhow::Result;
+use kernels::{ops, ops::AttnParams, Tensor};
+
+use super::{Linear, RmsNorm, Rope};
+use crate::cache::KvCache;
+
+#[derive(Debug, Clone)]
+pub struct AttentionConfig {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
+/// Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and an optional
+/// sigmoid output gate that `q_proj` emits beside the query (Qwen3.5's gated attention).
+#[derive(Debug, Clone)]
+pub struct GqaAttention {
+    pub cfg: AttentionConfig,
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub rope: Rope,
+    /// When set, `q_proj` yields `[query | gate]` per head and the output is gated.
+    pub output_gate: bool,
+}
+
+impl GqaAttention {
+    /// `x` is `[T, hidden]` at absolute positions `cache.len ..`; appends to the cache.
+    pub fn forward(&self, x: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let c = &self.cfg;
+        let t = x.dim(0);
+        let start = cache.len;
+        let positions: Vec<usize> = (start..start + t).collect();
+        let q_all = self.q_proj.forward(x)?;
+        let (q, gate) = if self.output_gate {
+            // Per head the projection holds [query (D) | gate (D)].
+            let both = q_all.reshape(&[t * c.heads, 2, c.head_dim])?;
+            let (q, g) = split_pairs(&both)?;
+            (q.reshape(&[t, c.heads, c.head_dim])?, Some(g.reshape(&[t, c.heads * c.head_dim])?))
+        } else {
+            (q_all.reshape(&[t, c.heads, c.head_dim])?, None)
+        };
+        let k = self.k_proj.forward(x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let v = self.v_proj.forward(x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let q = match &self.q_norm {
+            Some(n) => n.forward(&q)?,
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(&k)?,
+            None => k,
+        };
+        let q = self.rope.forward(&q, &positions)?;
+        let k = self.rope.forward(&k, &positions)?;
+        cache.append(&k, &v)?;
+        let p = AttnParams {
+            q_start: start,
+            kv_len: cache.len,
+            scale: c.scale,
+            window: c.window,
+            softcap: c.softcap,
+        };
+        let o = ops::attention(&q, &cache.k, &cache.v, &p)?.reshape(&[t, c.heads * c.head_dim])?;
+        let o = match gate {
+            Some(g) => ops::mul(&o, &ops::sigmoid(&g)?)?,
+            None => o,
+        };
+        self.o_proj.forward(&o)
+    }
+}
+
+/// Splits `[N, 2, D]` into its two `[N, D]` halves.
+fn split_pairs(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (n, d) = (x.dim(0), x.dim(2));
+    let s = x.f32s()?;
+    let mut a = Vec::with_capacity(n * d);
+    let mut b = Vec::with_capacity(n * d);
+    for row in s.chunks(2 * d) {
+        a.extend_from_slice(&row[..d]);
+        b.extend_from_slice(&row[d..]);
+    }
+    Ok((Tensor::from_f32(&[n, d], a)?, Tensor::from_f32(&[n, d], b)?))
+}

@@ -1,0 +1,24 @@
+use anyhow::Result;
+use kernels::{ops, Tensor, Weight};
+
+use crate::weights::WeightStore;
+use crate::config::QuantConfig;
+
+/// A bias-free linear layer `y = x·Wᵀ` over a weight in any stored format.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Weight,
+}
+
+impl Linear {
+    /// Loads `<prefix>.weight` (plus `.scales`/`.biases` when quantized) as `[out, inp]`.
+    pub fn load(store: &WeightStore, quant: &QuantConfig, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
+        Ok(Linear {
+            weight: store.weight(prefix, quant.spec_for(prefix), out, inp)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::matmul(x, &self.weight)?)
+    }
+}

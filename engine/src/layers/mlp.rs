@@ -1,0 +1,29 @@
+use anyhow::Result;
+use kernels::{ops, Tensor};
+
+use super::Linear;
+use crate::config::QuantConfig;
+use crate::weights::WeightStore;
+
+/// `down(silu(gate(x)) · up(x))`.
+#[derive(Debug, Clone)]
+pub struct SwiGlu {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl SwiGlu {
+    pub fn load(store: &WeightStore, quant: &QuantConfig, prefix: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
+        Ok(SwiGlu {
+            gate: Linear::load(store, quant, &format!("{prefix}.gate_proj"), inter, hidden)?,
+            up: Linear::load(store, quant, &format!("{prefix}.up_proj"), inter, hidden)?,
+            down: Linear::load(store, quant, &format!("{prefix}.down_proj"), hidden, inter)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        self.down.forward(&h)
+    }
+}

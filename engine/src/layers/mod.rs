@@ -1,0 +1,14 @@
+//! Building blocks shared by the model families. Each holds its weights and calls tensor ops;
+//! none of them touch a backend directly.
+
+pub mod attention;
+pub mod linear;
+pub mod mlp;
+pub mod norm;
+pub mod rope;
+
+pub use attention::{AttentionConfig, GqaAttention};
+pub use linear::Linear;
+pub use mlp::SwiGlu;
+pub use norm::RmsNorm;
+pub use rope::Rope;

@@ -1,0 +1,200 @@
+//! `engine`: run a checkpoint folder from the command line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use engine::{generate, Pipeline, RequestOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "engine",
+    version,
+    about = "Run LLM checkpoint folders (Hugging Face or MLX layout, dense or quantized) on the CPU.",
+    long_about = "Run LLM checkpoint folders (Hugging Face or MLX layout, dense or quantized).\n\n\
+A model folder holds config.json, tokenizer.json, tokenizer_config.json, optional\n\
+generation_config.json and model.safetensors (or shards with model.safetensors.index.json).\n\
+Make a synthetic one with `harness synth --family qwen3 --size tiny --format bf16 --seed 1 --out DIR`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate a continuation of a prompt.
+    #[command(after_help = "Examples:\n  \
+engine generate --model DIR --prompt \"Hello\" --max-tokens 32\n  \
+engine generate --model DIR --prompt \"Why is the sky blue?\" --chat --temperature 0.7 --seed 3\n  \
+engine generate --model DIR --prompt-ids 1,2,3 --max-tokens 8 --top-logprobs 5 --json")]
+    Generate(GenerateArgs),
+    /// Describe a checkpoint: family, parameters, weight formats, layer kinds, context length.
+    Info {
+        /// The checkpoint folder.
+        #[arg(long)]
+        model: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// The reference CPU backend (always built).
+    Cpu,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// The checkpoint folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt text (encoded with the folder's tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, bypassing the tokenizer.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt as a user message in the folder's chat template.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Sampling temperature; 0 is greedy [default: generation_config's, else 0].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep only the k most likely tokens; 0 keeps all [default: generation_config's, else 0].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p [default: generation_config's, else 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler (same seed, same tokens).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Also report the K best [token_id, logprob] pairs of every generated step.
+    #[arg(long, default_value_t = 0)]
+    top_logprobs: usize,
+    /// Prefill the prompt in pieces of at most N tokens (default: all at once).
+    #[arg(long)]
+    prefill_step: Option<usize>,
+    /// Keep generating past stop tokens, up to --max-tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object (prompt_ids, tokens, text, finish_reason, timings[, top_logprobs]).
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Generate(a) => run_generate(a),
+        Cmd::Info { model, json } => run_info(model, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let Backend::Cpu = a.backend;
+    let p = Pipeline::load(&a.model)?;
+    let prompt_ids = match (&a.prompt, &a.prompt_ids) {
+        (Some(text), _) => p.encode_prompt(text, a.chat)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let opts = RequestOptions {
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        top_logprobs: a.top_logprobs,
+        prefill_step: a.prefill_step,
+        ignore_eos: a.ignore_eos,
+    };
+    let req = p.request(prompt_ids, &opts);
+    let mut streamed = String::new();
+    let mut so_far = Vec::new();
+    let out = generate::generate(p.model.as_ref(), &req, |tok| {
+        if a.json {
+            return;
+        }
+        so_far.push(tok);
+        // Print only whole characters: a token may end inside a multi-byte character.
+        if let Ok(text) = p.tokenizer.decode(&so_far, true) {
+            if !text.ends_with('\u{FFFD}') && text.starts_with(&streamed) {
+                print!("{}", &text[streamed.len()..]);
+                let _ = std::io::stdout().flush();
+                streamed = text;
+            }
+        }
+    })?;
+    let text = p.tokenizer.decode(&out.tokens, true)?;
+    if a.json {
+        let mut v = serde_json::to_value(&out)?;
+        v["text"] = serde_json::Value::String(text);
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        if text.starts_with(&streamed) {
+            print!("{}", &text[streamed.len()..]);
+        }
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, finish: {:?}; TTFT {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s]",
+            out.prompt_ids.len(),
+            out.tokens.len(),
+            out.finish_reason,
+            out.ttft_ms,
+            out.prefill_tokens_per_s,
+            out.decode_tokens_per_s
+        );
+    }
+    Ok(())
+}
+
+fn run_info(model: PathBuf, json: bool) -> Result<()> {
+    let cfg = engine::config::ModelConfig::load(&model)?;
+    let store = engine::weights::WeightStore::open(&model)?;
+    let m = engine::models::load(&model).with_context(|| format!("loading {}", model.display()))?;
+    let info = m.info();
+    if json {
+        let mut v = serde_json::to_value(info)?;
+        v["weight_bytes"] = store.total_bytes().into();
+        v["model_type"] = cfg.model_type.clone().into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for k in &info.layer_kinds {
+        match kinds.last_mut() {
+            Some((last, n)) if last == k => *n += 1,
+            _ => kinds.push((k.clone(), 1)),
+        }
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+    println!("folder:          {}", model.display());
+    println!("family:          {} (model_type {})", info.family, cfg.model_type);
+    println!("parameters:      {} ({:.3} B)", info.parameters, info.parameters as f64 / 1e9);
+    println!("weight formats:  {}", info.weight_formats.join(", "));
+    println!("weight bytes:    {:.1} MiB in {} file(s)", store.total_bytes() as f64 / (1 << 20) as f64, store.files().len());
+    println!("layers:          {} ({})", info.layer_kinds.len(), kinds.join(", "));
+    println!("hidden size:     {}", info.hidden_size);
+    println!("vocab size:      {}", info.vocab_size);
+    println!("context length:  {}", info.context_length);
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! Model families, one module each, and the registry keyed by config.json's `model_type`.
+
+pub mod qwen3;
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use kernels::Tensor;
+
+use crate::cache::ModelState;
+use crate::config::ModelConfig;
+use crate::weights::WeightStore;
+
+/// What `engine info` prints and tools record.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelInfo {
+    pub family: String,
+    pub parameters: usize,
+    pub weight_formats: Vec<String>,
+    pub layer_kinds: Vec<String>,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+}
+
+/// A decoder-only language model: a forward over any number of new tokens that extends a
+/// sequence state. Multi-token forwards serve prefill and speculative verification alike.
+pub trait CausalLm: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// A fresh, empty state for one sequence.
+    fn new_state(&self) -> ModelState;
+
+    /// Runs `ids` at positions `state.pos..`, updates the state and returns logits: `[1, V]`
+    /// for the last position, or `[T, V]` for every position when `all_logits`.
+    fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor>;
+}
+
+/// Loads the family named by the folder's config.json.
+pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
+    let cfg = ModelConfig::load(dir)?;
+    let store = WeightStore::open(dir)?;
+    match cfg.model_type.as_str() {
+        "qwen3" => Ok(Box::new(qwen3::Qwen3::load(&cfg, &store)?)),
+        other => bail!(
+            "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3)",
+            dir.join("config.json").display()
+        ),
+    }
+}
+
+/// Distinct weight formats of a set of weights, sorted, for `ModelInfo`.
+pub fn formats<'a>(weights: impl IntoIterator<Item = &'a kernels::Weight>) -> Vec<String> {
+    let mut f: Vec<String> = weights.into_iter().map(|w| w.format_name()).collect();
+    f.sort();
+    f.dedup();
+    f
+}

@@ -1,0 +1,99 @@
+//! A loaded checkpoint folder: the model, its tokenizer and its generation defaults, and the
+//! rules that turn a user's request into a `GenerateRequest`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::config::{GenerationConfig, ModelConfig};
+use crate::generate::{GenerateRequest, SamplingParams};
+use crate::models::{self, CausalLm};
+use crate::tokenizer::{ChatMessage, Tokenizer};
+
+pub struct Pipeline {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub generation: GenerationConfig,
+    pub tokenizer: Tokenizer,
+    pub model: Box<dyn CausalLm>,
+}
+
+/// What a user asked for; `None` falls back to generation_config.json, then the built-in.
+#[derive(Debug, Clone, Default)]
+pub struct RequestOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub top_logprobs: usize,
+    pub prefill_step: Option<usize>,
+    /// Generate the full budget even past a stop token (for comparisons with fixed lengths).
+    pub ignore_eos: bool,
+}
+
+/// Built-in defaults when neither the request nor generation_config.json says.
+pub const DEFAULT_MAX_TOKENS: usize = 128;
+
+impl Pipeline {
+    pub fn load(dir: &Path) -> Result<Pipeline> {
+        let config = ModelConfig::load(dir)?;
+        let generation = GenerationConfig::load(dir)?;
+        let tokenizer = Tokenizer::load(dir)?;
+        let model = models::load(dir)?;
+        Ok(Pipeline {
+            dir: dir.to_path_buf(),
+            config,
+            generation,
+            tokenizer,
+            model,
+        })
+    }
+
+    /// Prompt text to ids, through the chat template when `chat` is set.
+    pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
+        if chat {
+            let rendered = self
+                .tokenizer
+                .apply_chat_template(&[ChatMessage::new("user", text)], true)
+                .with_context(|| format!("{}: applying the chat template", self.dir.display()))?;
+            // The template already wrote any special tokens it wants.
+            self.tokenizer.encode(&rendered, false)
+        } else {
+            self.tokenizer.encode(text, true)
+        }
+    }
+
+    /// The stop set: config.json's eos ∪ generation_config.json's eos.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids = self.config.eos_token_ids();
+        ids.extend(&self.generation.eos_token_ids);
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Resolves a request: the request's value, else generation_config's, else built-in
+    /// (greedy; generation_config's `do_sample: false` also means greedy).
+    pub fn request(&self, prompt_ids: Vec<u32>, o: &RequestOptions) -> GenerateRequest {
+        let g = &self.generation;
+        let sampled_by_default = g.do_sample.unwrap_or(g.temperature.is_some());
+        let temperature = o
+            .temperature
+            .or(if sampled_by_default { g.temperature } else { Some(0.0) })
+            .unwrap_or(0.0);
+        GenerateRequest {
+            prompt_ids,
+            max_tokens: o.max_tokens.or(g.max_new_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
+            sampling: SamplingParams {
+                temperature,
+                top_k: o.top_k.or(g.top_k).unwrap_or(0),
+                top_p: o.top_p.or(g.top_p).unwrap_or(1.0),
+                seed: o.seed.unwrap_or(0),
+            },
+            stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids() },
+            top_logprobs: o.top_logprobs,
+            prefill_step: o.prefill_step,
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! `tokenizer.json` (through the tokenizers crate) and `tokenizer_config.json` (special tokens,
+//! chat template).
+
+mod chat;
+
+pub use chat::ChatMessage;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+use crate::config::{read_json, short};
+use chat::ChatTemplate;
+
+pub struct Tokenizer {
+    dir: PathBuf,
+    inner: tokenizers::Tokenizer,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    template: Option<ChatTemplate>,
+}
+
+impl Tokenizer {
+    /// Reads `tokenizer.json`, plus `tokenizer_config.json` and `chat_template.jinja` when
+    /// present.
+    pub fn load(dir: &Path) -> Result<Tokenizer> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.is_file() {
+            bail!(
+                "{}: missing (only the Hugging Face fast-tokenizer format is supported; a \
+                 tokenizer.model alone is not enough)",
+                tok_path.display()
+            );
+        }
+        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+            .map_err(|e| anyhow!("{}: cannot load: {e}", tok_path.display()))?;
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = if cfg_path.is_file() {
+            read_json(&cfg_path)?
+        } else {
+            Value::Object(Default::default())
+        };
+        let special = |key: &str| -> Result<Option<String>> {
+            match cfg.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                // An AddedToken written out in full: {"content": "...", ...}.
+                Some(Value::Object(o)) => match o.get("content") {
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    _ => bail!(
+                        "{}: field `{key}.content` must be a string",
+                        cfg_path.display()
+                    ),
+                },
+                Some(other) => bail!(
+                    "{}: field `{key}` must be a string, got {}",
+                    cfg_path.display(),
+                    short(other)
+                ),
+            }
+        };
+        let bos_token = special("bos_token")?;
+        let eos_token = special("eos_token")?;
+        let template = chat::find_template(dir, &cfg, &cfg_path)?
+            .map(|(source, origin)| ChatTemplate::new(source, origin))
+            .transpose()?;
+        Ok(Tokenizer {
+            dir: dir.to_path_buf(),
+            inner,
+            bos_token,
+            eos_token,
+            template,
+        })
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| anyhow!("{}: encoding failed: {e}", self.path().display()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let vocab = self.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!(
+                "{}: token id {bad} is outside the vocabulary ({vocab} tokens)",
+                self.path().display()
+            );
+        }
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| anyhow!("{}: decoding failed: {e}", self.path().display()))
+    }
+
+    /// Number of token ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The id of tokenizer_config.json's `eos_token`, when it names a known token.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_token
+            .as_deref()
+            .and_then(|t| self.token_id(t))
+            .into_iter()
+            .collect()
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Renders the conversation with the checkpoint's chat template, the way transformers'
+    /// `apply_chat_template(..., tokenize=False)` does.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let Some(template) = &self.template else {
+            bail!(
+                "{}: no chat template (looked for `chat_template` in tokenizer_config.json, \
+                 chat_template.jinja and chat_template.json); pass a raw prompt instead",
+                self.dir.display()
+            );
+        };
+        template.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+        )
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join("tokenizer.json")
+    }
+}

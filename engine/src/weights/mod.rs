@@ -1,0 +1,328 @@
+//! Checkpoint tensors: every safetensors shard memory-mapped, tensors handed out as zero-copy
+//! views. Name mapping between layouts belongs to each model family; this store only knows
+//! names as the files spell them.
+
+pub mod safetensors;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use kernels::{DType, QuantSpec, QuantWeight, Tensor, Weight};
+use serde_json::Value;
+
+use crate::config::short;
+use safetensors::SafetensorsFile;
+
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
+
+pub struct WeightStore {
+    dir: PathBuf,
+    files: Vec<SafetensorsFile>,
+    /// Tensor name → index into `files`.
+    location: HashMap<String, usize>,
+}
+
+impl WeightStore {
+    /// Opens a checkpoint folder: `model.safetensors.index.json` and its shards, else
+    /// `model.safetensors`, else every `model*.safetensors` (mlx-lm loads that glob), else every
+    /// `*.safetensors`.
+    pub fn open(dir: &Path) -> Result<WeightStore> {
+        if !dir.is_dir() {
+            bail!("{}: model folder does not exist or is not a folder", dir.display());
+        }
+        let index_path = dir.join(INDEX);
+        if index_path.exists() {
+            return WeightStore::open_indexed(dir, &index_path);
+        }
+        let paths = if dir.join(SINGLE).is_file() {
+            vec![dir.join(SINGLE)]
+        } else {
+            let mut all = safetensors_in(dir)?;
+            let model: Vec<PathBuf> = all
+                .iter()
+                .filter(|p| file_name(p).starts_with("model"))
+                .cloned()
+                .collect();
+            if !model.is_empty() {
+                all = model;
+            }
+            all
+        };
+        if paths.is_empty() {
+            bail!(
+                "{}: no weights found (expected {SINGLE}, {INDEX} with shards, or *.safetensors \
+                 files)",
+                dir.display()
+            );
+        }
+        let mut store = WeightStore {
+            dir: dir.to_path_buf(),
+            files: Vec::new(),
+            location: HashMap::new(),
+        };
+        for path in paths {
+            let file = SafetensorsFile::open(&path)?;
+            let idx = store.files.len();
+            for name in file.tensors.keys() {
+                if let Some(&other) = store.location.get(name) {
+                    bail!(
+                        "{}: tensor `{name}` is stored in both {} and {} and there is no {INDEX} \
+                         to say which one counts",
+                        dir.display(),
+                        file_name(&store.files[other].path),
+                        file_name(&path)
+                    );
+                }
+                store.location.insert(name.clone(), idx);
+            }
+            store.files.push(file);
+        }
+        Ok(store)
+    }
+
+    fn open_indexed(dir: &Path, index_path: &Path) -> Result<WeightStore> {
+        let shown = index_path.display();
+        let text = std::fs::read_to_string(index_path)
+            .with_context(|| format!("{shown}: cannot read"))?;
+        let root: Value =
+            serde_json::from_str(&text).with_context(|| format!("{shown}: not valid JSON"))?;
+        let map = match root.get("weight_map") {
+            Some(Value::Object(m)) => m,
+            Some(other) => bail!(
+                "{shown}: field `weight_map` must be an object of tensor → file, got {}",
+                short(other)
+            ),
+            None => bail!("{shown}: field `weight_map` is missing"),
+        };
+        // Shards in first-mention order, each with one tensor that names it in errors.
+        let mut shards: BTreeMap<String, String> = BTreeMap::new();
+        let mut wanted: Vec<(String, String)> = Vec::with_capacity(map.len());
+        for (name, file) in map {
+            let Value::String(file) = file else {
+                bail!(
+                    "{shown}: field `weight_map.{name}` must be a file name, got {}",
+                    short(file)
+                );
+            };
+            if file.contains("..") || Path::new(file).is_absolute() {
+                bail!("{shown}: field `weight_map.{name}` points outside the folder: {file}");
+            }
+            shards.entry(file.clone()).or_insert_with(|| name.clone());
+            wanted.push((name.clone(), file.clone()));
+        }
+        let mut files = Vec::with_capacity(shards.len());
+        let mut file_idx = HashMap::new();
+        for (shard, example) in &shards {
+            let path = dir.join(shard);
+            if !path.is_file() {
+                bail!(
+                    "{shown}: shard `{shard}` (holding `{example}` and others) is missing from {}",
+                    dir.display()
+                );
+            }
+            file_idx.insert(shard.clone(), files.len());
+            files.push(SafetensorsFile::open(&path)?);
+        }
+        let mut location = HashMap::with_capacity(wanted.len());
+        for (name, shard) in wanted {
+            let idx = file_idx[&shard];
+            if !files[idx].tensors.contains_key(&name) {
+                bail!("{shown}: lists tensor `{name}` in `{shard}`, but that shard does not hold it");
+            }
+            location.insert(name, idx);
+        }
+        Ok(WeightStore {
+            dir: dir.to_path_buf(),
+            files,
+            location,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.location.contains_key(name)
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.location.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Dtype and shape of `name` without viewing it.
+    pub fn info(&self, name: &str) -> Option<(DType, &[usize])> {
+        let file = &self.files[*self.location.get(name)?];
+        file.tensors
+            .get(name)
+            .map(|i| (i.dtype, i.shape.as_slice()))
+    }
+
+    /// The file holding `name`, for error messages.
+    fn file_of(&self, name: &str) -> PathBuf {
+        match self.location.get(name) {
+            Some(&i) => self.files[i].path.clone(),
+            None => self.dir.clone(),
+        }
+    }
+
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let Some(&idx) = self.location.get(name) else {
+            return Err(self.missing(name));
+        };
+        self.files[idx]
+            .tensor(name)?
+            .ok_or_else(|| self.missing(name))
+    }
+
+    fn missing(&self, name: &str) -> anyhow::Error {
+        // Suggest names sharing the last two components: usually the same tensor under another
+        // layout's prefix (e.g. `model.language_model.norm.weight` for `model.norm.weight`).
+        let tail: Vec<&str> = name.rsplit('.').take(2).collect();
+        let suffix = format!(".{}", tail.into_iter().rev().collect::<Vec<_>>().join("."));
+        let mut similar: Vec<&String> = self
+            .location
+            .keys()
+            .filter(|k| k.ends_with(&suffix) || **k == suffix[1..])
+            .collect();
+        similar.sort();
+        let hint = if similar.is_empty() {
+            format!("{} tensors in the checkpoint", self.location.len())
+        } else {
+            let shown: Vec<String> = similar.iter().take(3).map(|s| format!("`{s}`")).collect();
+            format!("similar: {}", shown.join(", "))
+        };
+        anyhow!("{}: tensor `{name}` is missing ({hint})", self.dir.display())
+    }
+
+    /// `name`, checked to have exactly `shape`.
+    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.tensor(name)?;
+        if t.shape() != shape {
+            bail!(
+                "{}: tensor `{name}` has shape {:?}, expected {shape:?}",
+                self.file_of(name).display(),
+                t.shape()
+            );
+        }
+        Ok(t)
+    }
+
+    /// The linear weight `prefix.weight` as a logical `[rows, cols]` matrix. A `prefix.scales`
+    /// tensor beside it marks it quantized (as mlx-lm decides), read with `spec` and with
+    /// `prefix.biases` for affine; without scales it must be a dense float matrix.
+    pub fn weight(
+        &self,
+        prefix: &str,
+        spec: Option<QuantSpec>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight> {
+        let wname = format!("{prefix}.weight");
+        let sname = format!("{prefix}.scales");
+        let bname = format!("{prefix}.biases");
+        let w = self.tensor(&wname)?;
+        let file = self.file_of(&wname);
+        let file = file.display();
+        if !self.contains(&sname) {
+            if !w.dtype().is_float() || w.dtype() == DType::F64 {
+                let why = if w.dtype() == DType::U32 {
+                    format!(" (packed like a quantized weight, but `{sname}` is missing)")
+                } else {
+                    String::new()
+                };
+                bail!(
+                    "{file}: tensor `{wname}` is {:?}; a dense weight must be F32, BF16 or F16{why}",
+                    w.dtype()
+                );
+            }
+            if w.shape() != [rows, cols] {
+                bail!(
+                    "{file}: tensor `{wname}` has shape {:?}, expected [{rows}, {cols}]",
+                    w.shape()
+                );
+            }
+            return Ok(Weight::Dense(w));
+        }
+        let Some(spec) = spec else {
+            bail!(
+                "{file}: `{sname}` marks `{prefix}` as quantized, but config.json has no \
+                 `quantization` for it (add {{\"group_size\": .., \"bits\": ..}})"
+            );
+        };
+        let scales = self.tensor(&sname)?;
+        let biases = if spec.mode.has_biases() {
+            if !self.contains(&bname) {
+                bail!(
+                    "{file}: `{prefix}` is {}-quantized but tensor `{bname}` is missing",
+                    spec.mode.name()
+                );
+            }
+            Some(self.tensor(&bname)?)
+        } else {
+            if self.contains(&bname) {
+                bail!(
+                    "{file}: `{prefix}` has tensor `{bname}`, but config.json says mode `{}`, \
+                     which has no biases (is the mode right?)",
+                    spec.mode.name()
+                );
+            }
+            None
+        };
+        let q = QuantWeight::new(spec, w, scales, biases, prefix).map_err(|e| {
+            anyhow!(
+                "{file}: `{prefix}` does not fit config.json's quantization (mode {}, bits {}, \
+                 group_size {}): {e}",
+                spec.mode.name(),
+                spec.bits,
+                spec.group_size
+            )
+        })?;
+        if (q.rows, q.cols) != (rows, cols) {
+            bail!(
+                "{file}: `{prefix}` unpacks to [{}, {}] with {} bits, expected [{rows}, {cols}] \
+                 (wrong `bits` in config.json's quantization, or a wrong model shape)",
+                q.rows,
+                q.cols,
+                spec.bits
+            );
+        }
+        Ok(Weight::Quant(q))
+    }
+
+    /// Bytes on disk over all shards.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size()).sum()
+    }
+
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|f| f.path.clone()).collect()
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `*.safetensors` directly inside `dir`, sorted by name.
+fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("{}: cannot list", dir.display()))?
+            .path();
+        if path.is_file() && file_name(&path).ends_with(".safetensors") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}

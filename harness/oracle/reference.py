@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Greedy reference outputs of mlx-lm (MLX on CPU, float32) for one model folder.
+
+Loads DIR with mlx_lm.load, then makes the whole model float32:
+  * every quantized layer (nn.QuantizedLinear / nn.QuantizedEmbedding) is replaced by its dense
+    twin whose weight is mx.dequantize(packed, scales, biases, ..., dtype=float32), with affine
+    scales/biases first cast to float32, so w = scale*q + bias is evaluated in f32 from the stored
+    bf16 values (no bf16 rounding of the product); fp-mode (mxfp4/nvfp4/mxfp8) values are exact
+    in f32 anyway;
+  * every remaining floating parameter (bf16 norms, bf16 dense weights) is cast to float32 with
+    nn.Module.set_dtype, which widens bf16 exactly.
+Then mlx_lm.generate.generate_step runs greedy decoding (argmax of the step's log-softmax) with
+its KV cache. Decoding stops only at --max-tokens: EOS is *not* applied, so the walk is a pure
+model-level reference; a consumer that stops at EOS compares the prefix up to it.
+
+Output JSON:
+  {"model": DIR, "config": {...folder facts}, "reference": {...versions, dtype, how},
+   "cases": [{"prompt_ids": [...], "tokens": [...], "text": "...",
+              "top_logprobs": [[[id, logprob], ... best first], ...one list per step]}]}
+`text` is the generated ids decoded by the folder's tokenizer (skip_special_tokens=False).
+
+Usage:
+  reference.py --model DIR --prompt-ids 1,2,3 [--prompt-ids 4,5 ...] [--chat "text" ...]
+               --max-tokens 24 --top 8 --out FILE
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+
+def parse_ids(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated integers, got {s!r}")
+
+
+def dequantize_to_f32(model: nn.Module) -> int:
+    """Replaces quantized layers by dense float32 ones; returns how many were replaced."""
+    dense = []
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            biases = m.get("biases")
+            w = mx.dequantize(
+                m.weight,
+                m.scales.astype(mx.float32) if m.mode == "affine" else m.scales,
+                None if biases is None else biases.astype(mx.float32),
+                group_size=m.group_size,
+                bits=m.bits,
+                mode=m.mode,
+                dtype=mx.float32,
+            )
+            if isinstance(m, nn.QuantizedLinear):
+                has_bias = "bias" in m
+                d = nn.Linear(w.shape[1], w.shape[0], bias=has_bias)
+                if has_bias:
+                    d.bias = m.bias.astype(mx.float32)
+            else:
+                d = nn.Embedding(w.shape[0], w.shape[1])
+            d.weight = w
+            dense.append((name, d))
+    if dense:
+        model.update_modules(tree_unflatten(dense))
+    return len(dense)
+
+
+def greedy(model, prompt_ids: list[int], max_tokens: int, top: int) -> tuple[list, list]:
+    from mlx_lm.generate import generate_step
+
+    tokens, tops = [], []
+    prompt = mx.array(prompt_ids, dtype=mx.uint32)
+    for _, (tok, logprobs) in zip(range(max_tokens), generate_step(prompt, model, max_tokens=max_tokens)):
+        lp = logprobs.astype(mx.float32)
+        order = mx.argsort(-lp)[:top].tolist()
+        values = lp.tolist()
+        tokens.append(int(tok.item() if hasattr(tok, "item") else tok))
+        tops.append([[int(i), float(values[i])] for i in order])
+        if tokens[-1] != order[0]:
+            raise SystemExit(f"greedy token {tokens[-1]} is not the argmax {order[0]}")
+    return tokens, tops
+
+
+def to_json(out: dict) -> str:
+    """Pretty, but one decoding step per line, so a regenerated file diffs step by step."""
+    text = json.dumps({k: v for k, v in out.items() if k != "cases"}, indent=1, ensure_ascii=False)
+    cases = []
+    for c in out["cases"]:
+        fields = [f'  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}' for k, v in c.items() if k != "top_logprobs"]
+        steps = ",\n".join("   " + json.dumps(step) for step in c["top_logprobs"])
+        fields.append(f'  "top_logprobs": [\n{steps}\n  ]')
+        cases.append(" {\n" + ",\n".join(fields) + "\n }")
+    return text[:-2] + ',\n "cases": [\n' + ",\n".join(cases) + "\n ]\n}\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="mlx-lm greedy reference (CPU, float32)")
+    ap.add_argument("--model", required=True, type=Path, help="model folder (config.json, safetensors, tokenizer)")
+    ap.add_argument("--prompt-ids", action="append", type=parse_ids, default=[],
+                    help="comma-separated prompt token ids; repeat for several cases")
+    ap.add_argument("--chat", action="append", default=[],
+                    help="a user message; its prompt is the folder's chat template with a generation prompt")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--top", type=int, default=8, help="how many best [id, logprob] pairs to keep per step")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if not args.prompt_ids and not args.chat:
+        ap.error("give at least one --prompt-ids or --chat")
+    if not (args.model / "config.json").is_file():
+        sys.exit(f"{args.model}: no config.json here; is this a model folder?")
+
+    mx.set_default_device(mx.cpu)
+    import mlx_lm
+    from mlx_lm import load
+
+    model, tokenizer, config = load(str(args.model), return_config=True)
+    replaced = dequantize_to_f32(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+
+    cases = []
+    prompts = [(ids, None) for ids in args.prompt_ids]
+    for msg in args.chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+        prompts.append((list(ids), msg))
+    vocab = config["vocab_size"]
+    for ids, msg in prompts:
+        if not ids or max(ids) >= vocab:
+            sys.exit(f"prompt {ids[:8]}... is empty or has an id outside the vocabulary ({vocab})")
+        tokens, tops = greedy(model, ids, args.max_tokens, args.top)
+        case = {"prompt_ids": ids}
+        if msg is not None:
+            case["chat_user_message"] = msg
+        case.update(tokens=tokens, text=tokenizer.decode(tokens, skip_special_tokens=False), top_logprobs=tops)
+        cases.append(case)
+        margin = min(t[0][1] - t[1][1] for t in tops)
+        print(f"{args.model.name}: prompt of {len(ids)} -> {tokens[:8]}... min top1-top2 margin {margin:.4f}")
+
+    q = config.get("quantization")
+    out = {
+        "model": str(args.model),
+        "config": {
+            "model_type": config.get("model_type"),
+            "tie_word_embeddings": config.get("tie_word_embeddings"),
+            "quantization": q,
+        },
+        "reference": {
+            "implementation": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}, device cpu",
+            "dtype": "float32",
+            "upcast": f"{replaced} quantized layers dequantized to f32 (affine scales/biases cast to f32 first); "
+            "other params set_dtype(float32)",
+            "decoding": "greedy (argmax of log-softmax), no EOS stop, mlx_lm.generate.generate_step",
+            "max_tokens": args.max_tokens,
+            "top": args.top,
+        },
+        "cases": cases,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(to_json(out))
+
+
+if __name__ == "__main__":
+    main()

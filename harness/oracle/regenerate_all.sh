@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Rewrites every stored mlx reference: the mlx-written fixture folders, their greedy references in
+# goldens/oracle/mlx-written/, and the quantization byte-exactness fixtures in
+# kernels/tests/fixtures/quant/. Run after `bash harness/oracle/setup.sh`. Deterministic: rerunning
+# with the pinned requirements must leave `git status` clean.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+py="$here/.venv/bin/python"
+[ -x "$py" ] || { echo "no venv: run bash harness/oracle/setup.sh first" >&2; exit 1; }
+
+"$py" "$here/make_mlx_fixtures.py" --out "$repo/engine/tests/fixtures/mlx-written"
+"$py" "$here/make_quant_fixtures.py" --out "$repo/kernels/tests/fixtures/quant"
+
+# Prompt arguments from prompts.json: each id list, then each chat message.
+mapfile -t prompt_args < <("$py" - "$here/prompts.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for ids in p["prompt_ids"]:
+    print("--prompt-ids"); print(",".join(map(str, ids)))
+for msg in p["chat"]:
+    print("--chat"); print(msg)
+PY
+)
+cd "$repo"
+for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3-*/; do
+    name="$(basename "$dir")"
+    "$py" "$here/reference.py" --model "engine/tests/fixtures/mlx-written/$name" \
+        "${prompt_args[@]}" --max-tokens 24 --top 8 \
+        --out "$repo/goldens/oracle/mlx-written/$name.json"
+done

@@ -1,0 +1,32 @@
+//! `harness`: verification and benchmarks for the engine. Each subcommand lives in its library
+//! module (`harness::<name>::cli`); adding one = one enum variant + one match arm.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "harness", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(after_long_help = harness::synth::cli::families_help())]
+    Synth(harness::synth::cli::SynthArgs),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Synth(args) => args.run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

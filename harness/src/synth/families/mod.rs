@@ -1,0 +1,40 @@
+//! The model families `harness synth` can write, one module each, behind one small trait.
+//! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
+
+mod qwen3;
+
+use anyhow::{bail, Result};
+
+use super::plan::ModelPlan;
+use super::spec::{Layout, SynthSpec};
+
+pub trait Family: Sync {
+    /// The name used on the command line and in `FAMILY:...` specs, e.g. `qwen3`.
+    fn name(&self) -> &'static str;
+
+    /// One line for `--help`.
+    fn about(&self) -> &'static str;
+
+    /// The folder for `spec` in `layout` (already resolved): JSON files, tokenizer and tensor
+    /// list with each tensor's initialisation. Tensor names must be the layout's.
+    fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan>;
+}
+
+const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3];
+
+pub fn all() -> &'static [&'static dyn Family] {
+    FAMILIES
+}
+
+pub fn find(name: &str) -> Result<&'static dyn Family> {
+    match FAMILIES.iter().find(|f| f.name() == name) {
+        Some(f) => Ok(*f),
+        None => {
+            let known: Vec<&str> = FAMILIES.iter().map(|f| f.name()).collect();
+            bail!(
+                "unknown model family `{name}`; known: {}",
+                known.join(", ")
+            )
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `ops::matmul` and `ops::embedding` for every weight format against a naive f64 reference
+//! that decodes the formats from first principles (bit streams, E2M1/E4M3/E8M0 by formula),
+//! plus thread-count determinism and refusals of bad shapes.
+
+use half::{bf16, f16};
+use kernels::{ops, DType, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 32
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() & 0xFF_FFFF) as f32 / (1 << 23) as f32 - 1.0
+    }
+}
+
+// ---- the formats, decoded from their definitions -----------------------------------------
+
+fn e2m1(code: u32) -> f64 {
+    let (s, e, m) = ((code >> 3) & 1, (code >> 1) & 3, code & 1);
+    let mag = if e == 0 {
+        0.5 * m as f64
+    } else {
+        (1.0 + 0.5 * m as f64) * 2f64.powi(e as i32 - 1)
+    };
+    if s == 1 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+fn e4m3(code: u32) -> f64 {
+    let (s, e, m) = ((code >> 7) & 1, (code >> 3) & 15, code & 7);
+    assert!(!(e == 15 && m == 7), "test data must not hold E4M3 NaN");
+    let mag = if e == 0 {
+        m as f64 / 8.0 * 2f64.powi(-6)
+    } else {
+        (1.0 + m as f64 / 8.0) * 2f64.powi(e as i32 - 7)
+    };
+    if s == 1 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+fn e8m0(code: u32) -> f64 {
+    2f64.powi(code as i32 - 127)
+}
+
+fn floats_f64(t: &Tensor) -> Vec<f64> {
+    match t.dtype() {
+        DType::F32 => t.as_slice::<f32>().unwrap().iter().map(|&v| v as f64).collect(),
+        DType::BF16 => t.as_slice::<bf16>().unwrap().iter().map(|v| v.to_f64()).collect(),
+        DType::F16 => t.as_slice::<f16>().unwrap().iter().map(|v| v.to_f64()).collect(),
+        DType::U8 => t.as_slice::<u8>().unwrap().iter().map(|&v| v as f64).collect(),
+        other => panic!("no reference for {other:?}"),
+    }
+}
+
+/// The weight as f64 `[rows, cols]`.
+fn reference(w: &Weight) -> Vec<f64> {
+    let q = match w {
+        Weight::Dense(t) => return floats_f64(t),
+        Weight::Quant(q) => q,
+    };
+    let (bits, group) = (q.spec.bits, q.spec.group_size);
+    let words = q.packed.as_slice::<u32>().unwrap();
+    let scales = floats_f64(&q.scales);
+    let biases = q.biases.as_ref().map(floats_f64);
+    let per_row = q.cols * bits / 32;
+    let mut out = Vec::with_capacity(q.rows * q.cols);
+    for r in 0..q.rows {
+        for c in 0..q.cols {
+            // Bit i of the row's stream is bit i % 32 of word i / 32.
+            let mut code = 0u32;
+            for b in 0..bits {
+                let i = c * bits + b;
+                code |= ((words[r * per_row + i / 32] >> (i % 32)) & 1) << b;
+            }
+            let g = r * (q.cols / group) + c / group;
+            out.push(match q.spec.mode {
+                QuantMode::Affine => scales[g] * code as f64 + biases.as_ref().unwrap()[g],
+                QuantMode::Mxfp4 => e2m1(code) * e8m0(scales[g] as u32),
+                QuantMode::Nvfp4 => e2m1(code) * e4m3(scales[g] as u32),
+                QuantMode::Mxfp8 => e4m3(code) * e8m0(scales[g] as u32),
+            });
+        }
+    }
+    out
+}
+
+// ---- random weights in every format ------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Dense(DType),
+    Affine(usize, usize, DType),
+    Fp(QuantMode),
+}
+
+fn all_formats() -> Vec<Format> {
+    let mut v = vec![
+        Format::Dense(DType::F32),
+        Format::Dense(DType::BF16),
+        Format::Dense(DType::F16),
+    ];
+    for bits in [2, 3, 4, 5, 6, 8] {
+        for group in [32, 64, 128] {
+            v.push(Format::Affine(bits, group, DType::F32));
+        }
+    }
+    v.push(Format::Affine(4, 64, DType::BF16));
+    v.push(Format::Affine(8, 32, DType::F16));
+    v.extend([QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8].map(Format::Fp));
+    v
+}
+
+fn float_tensor(shape: &[usize], dtype: DType, vals: &[f32]) -> Tensor {
+    match dtype {
+        DType::F32 => Tensor::from_slice(shape, dtype, vals).unwrap(),
+        DType::BF16 => {
+            let h: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+            Tensor::from_slice(shape, dtype, &h).unwrap()
+        }
+        DType::F16 => {
+            let h: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+            Tensor::from_slice(shape, dtype, &h).unwrap()
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// A random `[n, k]` weight: random code bits and plausible scales, built directly (not by
+/// the quantizer) so the reference shares no code with the kernels.
+fn random_weight(f: Format, n: usize, k: usize, seed: u64) -> Weight {
+    let mut g = Lcg(seed);
+    let (mode, bits, group) = match f {
+        Format::Dense(dt) => {
+            let vals: Vec<f32> = (0..n * k).map(|_| g.unit()).collect();
+            return Weight::Dense(float_tensor(&[n, k], dt, &vals));
+        }
+        Format::Affine(b, gs, _) => (QuantMode::Affine, b, gs),
+        Format::Fp(m) => {
+            let (b, gs) = m.fixed_bits_group().unwrap();
+            (m, b, gs)
+        }
+    };
+    let spec = QuantSpec::new(mode, bits, group).unwrap();
+    let words: Vec<u32> = (0..n * k * bits / 32).map(|_| g.next() as u32).collect();
+    let mut words = words;
+    if mode == QuantMode::Mxfp8 {
+        // Keep E4M3 codes off NaN (S.1111.111).
+        for w in &mut words {
+            for i in 0..4 {
+                if (*w >> (8 * i + 3)) & 0xF == 0xF {
+                    *w &= !(1 << (8 * i + 6));
+                }
+            }
+        }
+    }
+    let packed = Tensor::from_slice(&[n, k * bits / 32], DType::U32, &words).unwrap();
+    let groups = k / group;
+    let (scales, biases) = match f {
+        Format::Affine(_, _, dt) => {
+            let s: Vec<f32> = (0..n * groups).map(|_| g.unit() * 0.1).collect();
+            let b: Vec<f32> = (0..n * groups).map(|_| g.unit()).collect();
+            (
+                float_tensor(&[n, groups], dt, &s),
+                Some(float_tensor(&[n, groups], dt, &b)),
+            )
+        }
+        _ => {
+            let codes: Vec<u8> = (0..n * groups)
+                .map(|_| match mode {
+                    // Positive E4M3 scales between 2^-4 and 2^2.
+                    QuantMode::Nvfp4 => 0x18 + (g.next() % 0x30) as u8,
+                    _ => 122 + (g.next() % 8) as u8,
+                })
+                .collect();
+            (Tensor::from_slice(&[n, groups], DType::U8, &codes).unwrap(), None)
+        }
+    };
+    Weight::Quant(QuantWeight::new(spec, packed, scales, biases, "test weight").unwrap())
+}
+
+fn random_x(m: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut g = Lcg(seed);
+    (0..m * k).map(|_| g.unit()).collect()
+}
+
+/// Checks `ops::matmul` against the f64 reference, element by element, with an f32 bound
+/// relative to `Σ|x·w|` of that element.
+fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
+    let w = random_weight(f, n, k, seed);
+    let x = random_x(m, k, seed ^ 0x5EED);
+    let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
+    let y = ops::matmul(&xt, &w).unwrap();
+    assert_eq!(y.shape(), &[m, n], "{f:?}");
+    let y = y.f32s().unwrap();
+    let wr = reference(&w);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut want, mut mag) = (0.0f64, 0.0f64);
+            for c in 0..k {
+                let p = x[i * k + c] as f64 * wr[j * k + c];
+                want += p;
+                mag += p.abs();
+            }
+            let got = y[i * n + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * mag + 1e-30,
+                "{f:?} m={m} n={n} k={k} at ({i},{j}): got {got}, want {want} (Σ|xw| {mag})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_format_matches_the_f64_reference() {
+    // Decode shapes (m ≤ 4) and prefill shapes, odd n, and n crossing a 128-row tile.
+    let shapes = [(1, 7, 128), (3, 33, 256), (4, 1, 128), (5, 130, 128), (17, 9, 256)];
+    for (fi, f) in all_formats().into_iter().enumerate() {
+        for (si, &(m, n, k)) in shapes.iter().enumerate() {
+            check_matmul(f, m, n, k, (fi * 31 + si) as u64);
+        }
+    }
+}
+
+#[test]
+fn batched_input_keeps_leading_dims() {
+    let w = random_weight(Format::Affine(4, 32, DType::F32), 5, 64, 1);
+    let x = Tensor::from_f32(&[2, 3, 64], random_x(6, 64, 2)).unwrap();
+    let y = ops::matmul(&x, &w).unwrap();
+    assert_eq!(y.shape(), &[2, 3, 5]);
+    let flat = ops::matmul(&x.reshape(&[6, 64]).unwrap(), &w).unwrap();
+    assert_eq!(y.f32s().unwrap(), flat.f32s().unwrap());
+}
+
+#[test]
+fn embedding_decodes_the_requested_rows() {
+    for (fi, f) in all_formats().into_iter().enumerate() {
+        let (vocab, d) = (11, 128);
+        let w = random_weight(f, vocab, d, 100 + fi as u64);
+        let ids = [3u32, 0, 10, 3];
+        let e = ops::embedding(&w, &ids).unwrap();
+        assert_eq!(e.shape(), &[4, d]);
+        let wr = reference(&w);
+        for (t, &id) in ids.iter().enumerate() {
+            for c in 0..d {
+                let want = wr[id as usize * d + c];
+                let got = e.f32s().unwrap()[t * d + c] as f64;
+                // Affine decodes scale·q + bias in f32; the others are exact.
+                assert!(
+                    (got - want).abs() <= 1e-6 * (want.abs() + 1.0),
+                    "{f:?} id {id} col {c}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    // Large enough that both kernels really split work across threads.
+    let cases = [
+        (Format::Dense(DType::F32), 33, 300),
+        (Format::Dense(DType::BF16), 2, 600),
+        (Format::Affine(4, 64, DType::BF16), 40, 300),
+        (Format::Affine(3, 32, DType::F32), 1, 600),
+        (Format::Fp(QuantMode::Nvfp4), 3, 600),
+        (Format::Fp(QuantMode::Mxfp4), 9, 300),
+    ];
+    for (f, m, n) in cases {
+        let k = 256;
+        let w = random_weight(f, n, k, 9);
+        let x = Tensor::from_f32(&[m, k], random_x(m, k, 10)).unwrap();
+        let one = in_pool(1, || ops::matmul(&x, &w).unwrap());
+        let two = in_pool(2, || ops::matmul(&x, &w).unwrap());
+        let bits = |t: &Tensor| t.f32s().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one), bits(&two), "{f:?} m={m}");
+        let ids: Vec<u32> = (0..200).map(|i| (i * 7 % n) as u32).collect();
+        let e1 = in_pool(1, || ops::embedding(&w, &ids).unwrap());
+        let e2 = in_pool(2, || ops::embedding(&w, &ids).unwrap());
+        assert_eq!(bits(&e1), bits(&e2), "{f:?} embedding");
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let w = random_weight(Format::Affine(4, 64, DType::F32), 8, 128, 1);
+    // Feature count mismatch.
+    let x = Tensor::from_f32(&[2, 64], vec![0.0; 128]).unwrap();
+    assert!(ops::matmul(&x, &w).is_err());
+    // Non-f32 activations.
+    let xb = float_tensor(&[1, 128], DType::BF16, &[0.0; 128]);
+    assert!(ops::matmul(&xb, &w).is_err());
+    // Token id past the vocabulary.
+    assert!(ops::embedding(&w, &[8]).is_err());
+    // A quantized weight whose parts were swapped after validation.
+    let Weight::Quant(mut q) = w else { unreachable!() };
+    q.scales = Tensor::from_slice(&[8, 1], DType::F32, &[0.0f32; 8]).unwrap();
+    let bad = Weight::Quant(q);
+    let x = Tensor::from_f32(&[1, 128], vec![0.0; 128]).unwrap();
+    assert!(ops::matmul(&x, &bad).is_err());
+    assert!(ops::embedding(&bad, &[0]).is_err());
+    // Dense weights must be float.
+    let wi = Weight::Dense(Tensor::from_slice(&[2, 128], DType::U32, &[0u32; 256]).unwrap());
+    assert!(ops::matmul(&x, &wi).is_err());
+    // QuantWeight::new refuses scales that do not fit.
+    let spec = QuantSpec::new(QuantMode::Mxfp4, 4, 32).unwrap();
+    let packed = Tensor::from_slice(&[2, 16], DType::U32, &[0u32; 32]).unwrap();
+    let scales = Tensor::from_slice(&[2, 3], DType::U8, &[127u8; 6]).unwrap();
+    assert!(QuantWeight::new(spec, packed, scales, None, "t").is_err());
+}
+
+#[test]
+fn empty_inputs_give_empty_outputs() {
+    let w = random_weight(Format::Dense(DType::F32), 4, 32, 1);
+    let x = Tensor::from_f32(&[0, 32], vec![]).unwrap();
+    assert_eq!(ops::matmul(&x, &w).unwrap().shape(), &[0, 4]);
+    assert_eq!(ops::embedding(&w, &[]).unwrap().shape(), &[0, 32]);
+}
