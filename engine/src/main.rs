@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use engine::layers::GdnPath;
 use engine::{generate, Pipeline, RequestOptions};
 
 #[derive(Parser)]
@@ -89,6 +90,10 @@ struct GenerateArgs {
     /// Keep generating past stop tokens, up to --max-tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Gated DeltaNet path: `auto` (chunked for forwards of 64+ tokens, per step otherwise),
+    /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
+    #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
+    gdn: Option<GdnPath>,
     /// Print one JSON object (prompt_ids, tokens, text, finish_reason, timings[, top_logprobs]).
     #[arg(long)]
     json: bool,
@@ -111,6 +116,8 @@ fn main() -> ExitCode {
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
     let Backend::Cpu = a.backend;
+    // Before the (slow) load, so a bad GDN_KERNEL fails fast.
+    let gdn_path = GdnPath::resolve(a.gdn)?;
     let p = Pipeline::load(&a.model)?;
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => p.encode_prompt(text, a.chat)?,
@@ -126,6 +133,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         top_logprobs: a.top_logprobs,
         prefill_step: a.prefill_step,
         ignore_eos: a.ignore_eos,
+        gdn_path: Some(gdn_path),
     };
     let req = p.request(prompt_ids, &opts);
     let mut streamed = String::new();
@@ -165,6 +173,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn parse_gdn(s: &str) -> std::result::Result<GdnPath, String> {
+    s.parse()
 }
 
 fn run_info(model: PathBuf, json: bool) -> Result<()> {

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::generate::{GenerateRequest, SamplingParams};
+use crate::layers::GdnPath;
 use crate::models::{self, CausalLm};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -30,6 +31,8 @@ pub struct RequestOptions {
     pub prefill_step: Option<usize>,
     /// Generate the full budget even past a stop token (for comparisons with fixed lengths).
     pub ignore_eos: bool,
+    /// Gated DeltaNet path; `None` reads `GDN_KERNEL`, else `auto`.
+    pub gdn_path: Option<GdnPath>,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -94,6 +97,11 @@ impl Pipeline {
             stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids() },
             top_logprobs: o.top_logprobs,
             prefill_step: o.prefill_step,
+            // A bad GDN_KERNEL is an error at the CLI, which resolves it first; here it warns.
+            gdn_path: GdnPath::resolve(o.gdn_path).unwrap_or_else(|e| {
+                eprintln!("warning: {e:#}; using auto");
+                GdnPath::Auto
+            }),
         }
     }
 }

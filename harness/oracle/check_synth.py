@@ -32,7 +32,7 @@ def check(folder: Path) -> tuple[bool, str]:
                                    tokenize=False)
     model.set_dtype(mx.float32)
     out = generate(model, tok, prompt=ids, max_tokens=8, verbose=False)
-    notes = [f"model_type={cfg.get('model_type')}", f"quant={fmt}", f"vocab={cfg.get('vocab_size')}",
+    notes = [f"model_type={cfg.get('model_type')}", f"quant={fmt}", f"vocab={cfg.get('text_config', cfg).get('vocab_size')}",
              f"eos={sorted(tok.eos_token_ids)}", f"generated {out!r}"]
     ok = True
     if back != TEXT:

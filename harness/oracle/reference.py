@@ -18,6 +18,11 @@ Output JSON:
    "cases": [{"prompt_ids": [...], "tokens": [...], "text": "...",
               "top_logprobs": [[[id, logprob], ... best first], ...one list per step]}]}
 `text` is the generated ids decoded by the folder's tokenizer (skip_special_tokens=False).
+For models with Gated DeltaNet layers (Qwen3.5: config nested under text_config) the file also
+says which recurrence mlx-lm ran ("reference.gdn_path") and each case gets a "gdn" record: the
+calls it made with their lengths T, and the range of the per-step log decay
+g_log = -exp(A_log)·softplus(a + dt_bias) seen, with how many (step, head) gates exp(g_log)
+underflowed to 0 in f32. Files for models without such layers are unchanged by this.
 
 Usage:
   reference.py --model DIR --prompt-ids 1,2,3 [--prompt-ids 4,5 ...] [--chat "text" ...]
@@ -70,6 +75,61 @@ def dequantize_to_f32(model: nn.Module) -> int:
     return len(dense)
 
 
+class GdnRecorder:
+    """Wraps mlx-lm's gated-delta entry points to record which recurrence ran, on what lengths.
+
+    gated_delta_update (mlx_lm.models.gated_delta) looks compute_g / gated_delta_ops /
+    gated_delta_kernel up as module globals at call time, so replacing them there is seen. The
+    wrappers only keep references to their inputs and call the originals: the reference's values
+    are computed by exactly the same ops as without them.
+    """
+
+    def __init__(self):
+        from mlx_lm.models import gated_delta as gd
+
+        self.gd = gd
+        self.calls, self.gates = [], []
+        orig_g, orig_ops, orig_kernel = gd.compute_g, gd.gated_delta_ops, gd.gated_delta_kernel
+
+        def compute_g(A_log, a, dt_bias):
+            self.gates.append((A_log, a, dt_bias))
+            return orig_g(A_log, a, dt_bias)
+
+        def ops(q, k, v, g, beta, state=None, mask=None):
+            self.calls.append(("gated_delta_ops", int(q.shape[1]), mask is not None))
+            return orig_ops(q, k, v, g, beta, state, mask)
+
+        def kernel(q, k, v, g, beta, state, mask=None):
+            self.calls.append(("gated_delta_kernel", int(q.shape[1]), mask is not None))
+            return orig_kernel(q, k, v, g, beta, state, mask)
+
+        gd.compute_g, gd.gated_delta_ops, gd.gated_delta_kernel = compute_g, ops, kernel
+
+    def take(self) -> dict:
+        """The record of the calls since the last take (one case), then forgets them."""
+        prefill = [[name, t] for name, t, _ in self.calls if t > 1]
+        single = {}
+        for name, t, _ in self.calls:
+            if t == 1:
+                single[name] = single.get(name, 0) + 1
+        lo, hi, zero, total = float("inf"), float("-inf"), 0, 0
+        for A_log, a, dt_bias in self.gates:
+            g_log = -mx.exp(A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + dt_bias.astype(mx.float32))
+            lo, hi = min(lo, g_log.min().item()), max(hi, g_log.max().item())
+            zero += int((mx.exp(g_log) == 0).sum().item())
+            total += g_log.size
+        rec = {
+            "calls_with_T_gt_1": prefill,
+            "calls_with_T_eq_1": single,
+            "masked_calls": sum(1 for c in self.calls if c[2]),
+            "g_log_min": round(lo, 4),
+            "g_log_max": round(hi, 6),
+            "gates_underflowing_to_0": f"{zero} of {total}",
+        }
+        self.calls, self.gates = [], []
+        return rec
+
+
 def greedy(model, prompt_ids: list[int], max_tokens: int, top: int) -> tuple[list, list]:
     from mlx_lm.generate import generate_step
 
@@ -84,6 +144,18 @@ def greedy(model, prompt_ids: list[int], max_tokens: int, top: int) -> tuple[lis
         if tokens[-1] != order[0]:
             raise SystemExit(f"greedy token {tokens[-1]} is not the argmax {order[0]}")
     return tokens, tops
+
+
+def gdn_path_note() -> str:
+    on_gpu = mx.default_device() == mx.gpu and mx.metal.is_available()
+    return (
+        "mlx_lm.models.gated_delta.gated_delta_update -> "
+        + ("gated_delta_kernel (Metal, one step at a time per thread)" if on_gpu else
+           "gated_delta_ops: a sequential per-step loop over T of the compiled _gated_delta_step_ops "
+           "(S = g*S; d = beta*(v - S k); S = S + d k^T; y = S q) with the f32 state [B, Hv, Dv, Dk], "
+           "for prefill and decode alike (the Metal kernel needs the GPU); mlx-lm has no chunked "
+           "algorithm, so every prompt length here is a per-step reference")
+    )
 
 
 def to_json(out: dict) -> str:
@@ -119,6 +191,9 @@ def main() -> None:
     from mlx_lm import load
 
     model, tokenizer, config = load(str(args.model), return_config=True)
+    # Qwen3.5-style folders nest the language model's fields under text_config.
+    text_config = config.get("text_config", config)
+    gdn = GdnRecorder() if any(getattr(l, "is_linear", False) for l in model.layers) else None
     replaced = dequantize_to_f32(model)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
@@ -128,7 +203,7 @@ def main() -> None:
     for msg in args.chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
         prompts.append((list(ids), msg))
-    vocab = config["vocab_size"]
+    vocab = text_config["vocab_size"]
     for ids, msg in prompts:
         if not ids or max(ids) >= vocab:
             sys.exit(f"prompt {ids[:8]}... is empty or has an id outside the vocabulary ({vocab})")
@@ -136,7 +211,10 @@ def main() -> None:
         case = {"prompt_ids": ids}
         if msg is not None:
             case["chat_user_message"] = msg
-        case.update(tokens=tokens, text=tokenizer.decode(tokens, skip_special_tokens=False), top_logprobs=tops)
+        case.update(tokens=tokens, text=tokenizer.decode(tokens, skip_special_tokens=False))
+        if gdn is not None:
+            case["gdn"] = gdn.take()
+        case["top_logprobs"] = tops
         cases.append(case)
         margin = min(t[0][1] - t[1][1] for t in tops)
         print(f"{args.model.name}: prompt of {len(ids)} -> {tokens[:8]}... min top1-top2 margin {margin:.4f}")
@@ -146,7 +224,7 @@ def main() -> None:
         "model": str(args.model),
         "config": {
             "model_type": config.get("model_type"),
-            "tie_word_embeddings": config.get("tie_word_embeddings"),
+            "tie_word_embeddings": text_config.get("tie_word_embeddings"),
             "quantization": q,
         },
         "reference": {
@@ -160,6 +238,8 @@ def main() -> None:
         },
         "cases": cases,
     }
+    if gdn is not None:
+        out["reference"]["gdn_path"] = gdn_path_note()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(to_json(out))
 

@@ -1,4 +1,11 @@
 //! Verification and benchmarks for the engine: synthetic checkpoints (`synth`), and more.
 
+pub mod golden;
+pub mod machine;
+pub mod models;
 pub mod oracle;
+pub mod parity;
+pub mod paths;
+pub mod report;
+pub mod sweep;
 pub mod synth;

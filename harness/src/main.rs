@@ -16,11 +16,15 @@ struct Cli {
 enum Command {
     #[command(after_long_help = harness::synth::cli::families_help())]
     Synth(harness::synth::cli::SynthArgs),
+    Golden(harness::golden::cli::GoldenArgs),
+    Parity(harness::parity::cli::ParityArgs),
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Synth(args) => args.run(),
+        Command::Golden(args) => args.run(),
+        Command::Parity(args) => args.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

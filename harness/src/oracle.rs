@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use engine::layers::gated_delta::GdnPath;
 use engine::{generate, Pipeline, RequestOptions};
 use serde::Deserialize;
 
@@ -46,7 +47,8 @@ pub fn compare(
 ) -> CaseVerdict {
     let steps = ours.len().min(theirs.len());
     let mut max_diff = 0.0f32;
-    let in_top = |top: &[(u32, f32)], tok: u32| top.iter().take(TOP_N_AT_MISMATCH).any(|&(t, _)| t == tok);
+    let in_top =
+        |top: &[(u32, f32)], tok: u32| top.iter().take(TOP_N_AT_MISMATCH).any(|&(t, _)| t == tok);
     for i in 0..steps {
         if ours[i] != theirs[i] {
             let pass = in_top(&their_top[i], ours[i]) && in_top(&our_top[i], theirs[i]);
@@ -71,10 +73,13 @@ pub fn compare(
     }
 }
 
-/// Runs the engine greedily on every case of a reference file against the model in `dir`.
-pub fn check_reference(dir: &Path, reference: &Path) -> Result<Vec<CaseVerdict>> {
-    let text = std::fs::read_to_string(reference).with_context(|| format!("reading {}", reference.display()))?;
-    let r: Reference = serde_json::from_str(&text).with_context(|| format!("parsing {}", reference.display()))?;
+/// Runs the engine greedily on every case of a reference file against the model in `dir`,
+/// with the Gated DeltaNet path `gdn` (auto when `None`).
+pub fn check_reference(dir: &Path, reference: &Path, gdn: Option<GdnPath>) -> Result<Vec<CaseVerdict>> {
+    let text = std::fs::read_to_string(reference)
+        .with_context(|| format!("reading {}", reference.display()))?;
+    let r: Reference =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", reference.display()))?;
     let p = Pipeline::load(dir)?;
     r.cases
         .iter()
@@ -84,6 +89,7 @@ pub fn check_reference(dir: &Path, reference: &Path) -> Result<Vec<CaseVerdict>>
                 temperature: Some(0.0),
                 top_logprobs: 8,
                 ignore_eos: true,
+                gdn_path: gdn,
                 ..Default::default()
             };
             let req = p.request(case.prompt_ids.clone(), &opts);

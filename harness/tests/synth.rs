@@ -264,14 +264,18 @@ fn values_have_the_intended_scales() {
     for (prefix, _, cols) in matrices() {
         let v = f32s(&store.tensor(&format!("{prefix}.weight")).unwrap());
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
-        let std = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        let std =
+            (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
         let want = match prefix.as_str() {
             "model.embed_tokens" => 1.0,
             "lm_head" => 5.0 / (cols as f64).sqrt(),
             _ => 1.0 / (cols as f64).sqrt(),
         };
         assert!(mean.abs() < 0.05 * want, "{prefix}: mean {mean}");
-        assert!((std / want - 1.0).abs() < 0.05, "{prefix}: std {std}, want {want}");
+        assert!(
+            (std / want - 1.0).abs() < 0.05,
+            "{prefix}: std {std}, want {want}"
+        );
     }
 }
 
@@ -287,7 +291,10 @@ fn sharded_checkpoint_loads_like_a_single_file() {
     };
     write_checkpoint(&s, &sharded_dir, &opts).unwrap();
     let names = files(&sharded_dir);
-    let shards: Vec<&String> = names.keys().filter(|n| n.ends_with(".safetensors")).collect();
+    let shards: Vec<&String> = names
+        .keys()
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
     assert!(shards.len() > 2, "{shards:?}");
     assert!(!names.contains_key("model.safetensors"));
     let n = shards.len();
@@ -296,8 +303,13 @@ fn sharded_checkpoint_loads_like_a_single_file() {
         // A shard exceeds the limit only when it holds a single tensor larger than it.
         if name.ends_with(".safetensors") && bytes.len() > 64 << 10 {
             let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-            let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
-            assert_eq!(header.as_object().unwrap().len(), 2, "{name}: oversized shard");
+            let header: serde_json::Value =
+                serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+            assert_eq!(
+                header.as_object().unwrap().len(),
+                2,
+                "{name}: oversized shard"
+            );
         }
     }
     let index: serde_json::Value =
@@ -308,7 +320,10 @@ fn sharded_checkpoint_loads_like_a_single_file() {
     let sharded = WeightStore::open(&sharded_dir).unwrap();
     assert_eq!(sharded.files().len(), n);
     for name in single.names() {
-        let (a, b) = (single.tensor(&name).unwrap(), sharded.tensor(&name).unwrap());
+        let (a, b) = (
+            single.tensor(&name).unwrap(),
+            sharded.tensor(&name).unwrap(),
+        );
         assert_eq!(a.shape(), b.shape(), "{name}");
         assert_eq!(a.raw_bytes().unwrap(), b.raw_bytes().unwrap(), "{name}");
     }
@@ -351,7 +366,8 @@ fn safetensors_header_follows_the_format() {
 fn tokenizer_round_trips_text() {
     let dir = tempfile::tempdir().unwrap();
     let out = write(&spec(Format::F32, 0), dir.path());
-    let text = "Hello, world! The lighthouse keeper counted 128 steps.\n\tGrüße aus Köln — 日本語 🙂  end";
+    let text =
+        "Hello, world! The lighthouse keeper counted 128 steps.\n\tGrüße aus Köln — 日本語 🙂  end";
 
     let raw = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
     assert_eq!(raw.get_vocab_size(true), 1024);

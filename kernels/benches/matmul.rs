@@ -122,9 +122,21 @@ fn benches(c: &mut Criterion) {
         true,
     );
     let prefill = Problem::new(512, 3072, 1024);
-    bench_group(c, "prefill_512x1024x3072", &prefill, &["f32", "bf16", "q4g64"], true);
+    bench_group(
+        c,
+        "prefill_512x1024x3072",
+        &prefill,
+        &["f32", "bf16", "q4g64"],
+        true,
+    );
     let decode = Problem::new(1, 3072, 1024);
-    bench_group(c, "decode_1x1024x3072", &decode, &["f32", "bf16", "q4g64"], true);
+    bench_group(
+        c,
+        "decode_1x1024x3072",
+        &decode,
+        &["f32", "bf16", "q4g64"],
+        true,
+    );
 }
 
 criterion_group!(matmul, benches);

@@ -309,7 +309,12 @@ pub fn gdn_chunked(
 /// `[C, K, 1]` / `[C, 1, K]` checkpoint tensors first), `state` `[K−1, C]` holding the inputs
 /// before `x` (zeros at the start of a sequence), updated to the last `K − 1` inputs. No bias;
 /// `silu` applies SiLU to the result. Returns `[T, C]`.
-pub fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &mut Tensor, silu: bool) -> Result<Tensor> {
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    state: &mut Tensor,
+    silu: bool,
+) -> Result<Tensor> {
     need_f32("causal_conv1d", "x", x)?;
     need_f32("causal_conv1d", "state", state)?;
     let ok = x.dims() == 2
@@ -359,7 +364,7 @@ fn gdn_check(
         && q.dim(2) > 0
         && v.dim(1) > 0
         && v.dim(2) > 0
-        && v.dim(1) % q.dim(1) == 0
+        && v.dim(1).is_multiple_of(q.dim(1))
         && g_log.shape() == [v.dim(0), v.dim(1)]
         && beta.shape() == [v.dim(0), v.dim(1)]
         && state.shape() == [v.dim(1), v.dim(2), q.dim(2)];

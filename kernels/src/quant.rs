@@ -118,7 +118,7 @@ impl QuantWeight {
         }
         let rows = packed.numel() / packed.dim(-1);
         let cols = packed.dim(-1) * 32 / spec.bits;
-        if cols % spec.group_size != 0 {
+        if !cols.is_multiple_of(spec.group_size) {
             return shape_err(
                 op,
                 format!(
@@ -265,10 +265,14 @@ pub fn quantize(
     if w.len() != rows * cols {
         return shape_err(
             op,
-            format!("{rows}x{cols} needs {} values, got {}", rows * cols, w.len()),
+            format!(
+                "{rows}x{cols} needs {} values, got {}",
+                rows * cols,
+                w.len()
+            ),
         );
     }
-    if cols % group != 0 {
+    if !cols.is_multiple_of(group) {
         return shape_err(
             op,
             format!("{cols} columns are not a multiple of the group size {group}"),
@@ -281,7 +285,10 @@ pub fn quantize(
             return Err(crate::Error::DType {
                 op,
                 dtype: other,
-                msg: format!("{} quantization takes scale_dtype f32, bf16 or f16", m.name()),
+                msg: format!(
+                    "{} quantization takes scale_dtype f32, bf16 or f16",
+                    m.name()
+                ),
             })
         }
     };

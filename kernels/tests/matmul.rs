@@ -58,10 +58,30 @@ fn e8m0(code: u32) -> f64 {
 
 fn floats_f64(t: &Tensor) -> Vec<f64> {
     match t.dtype() {
-        DType::F32 => t.as_slice::<f32>().unwrap().iter().map(|&v| v as f64).collect(),
-        DType::BF16 => t.as_slice::<bf16>().unwrap().iter().map(|v| v.to_f64()).collect(),
-        DType::F16 => t.as_slice::<f16>().unwrap().iter().map(|v| v.to_f64()).collect(),
-        DType::U8 => t.as_slice::<u8>().unwrap().iter().map(|&v| v as f64).collect(),
+        DType::F32 => t
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
+        DType::BF16 => t
+            .as_slice::<bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::F16 => t
+            .as_slice::<f16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::U8 => t
+            .as_slice::<u8>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
         other => panic!("no reference for {other:?}"),
     }
 }
@@ -186,7 +206,10 @@ fn random_weight(f: Format, n: usize, k: usize, seed: u64) -> Weight {
                     _ => 122 + (g.next() % 8) as u8,
                 })
                 .collect();
-            (Tensor::from_slice(&[n, groups], DType::U8, &codes).unwrap(), None)
+            (
+                Tensor::from_slice(&[n, groups], DType::U8, &codes).unwrap(),
+                None,
+            )
         }
     };
     Weight::Quant(QuantWeight::new(spec, packed, scales, biases, "test weight").unwrap())
@@ -227,7 +250,13 @@ fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
 #[test]
 fn every_format_matches_the_f64_reference() {
     // Decode shapes (m ≤ 4) and prefill shapes, odd n, and n crossing a 128-row tile.
-    let shapes = [(1, 7, 128), (3, 33, 256), (4, 1, 128), (5, 130, 128), (17, 9, 256)];
+    let shapes = [
+        (1, 7, 128),
+        (3, 33, 256),
+        (4, 1, 128),
+        (5, 130, 128),
+        (17, 9, 256),
+    ];
     for (fi, f) in all_formats().into_iter().enumerate() {
         for (si, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(f, m, n, k, (fi * 31 + si) as u64);
@@ -268,6 +297,22 @@ fn embedding_decodes_the_requested_rows() {
     }
 }
 
+#[test]
+fn portable_and_vector_decoders_agree_bit_for_bit() {
+    // `quant::dequantize` runs the portable decoders; `embedding` takes the vector ones where
+    // the CPU has them. Every code value appears in these random weights.
+    for (fi, f) in all_formats().into_iter().enumerate() {
+        let Weight::Quant(q) = random_weight(f, 6, 256, 500 + fi as u64) else {
+            continue;
+        };
+        let portable = kernels::quant::dequantize(&q).unwrap();
+        let ids: Vec<u32> = (0..6).collect();
+        let vector = ops::embedding(&Weight::Quant(q), &ids).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&portable), bits(vector.f32s().unwrap()), "{f:?}");
+    }
+}
+
 fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -284,6 +329,7 @@ fn results_do_not_depend_on_the_thread_count() {
         (Format::Dense(DType::BF16), 2, 600),
         (Format::Affine(4, 64, DType::BF16), 40, 300),
         (Format::Affine(3, 32, DType::F32), 1, 600),
+        (Format::Affine(4, 32, DType::F16), 4, 600),
         (Format::Fp(QuantMode::Nvfp4), 3, 600),
         (Format::Fp(QuantMode::Mxfp4), 9, 300),
     ];
@@ -293,7 +339,13 @@ fn results_do_not_depend_on_the_thread_count() {
         let x = Tensor::from_f32(&[m, k], random_x(m, k, 10)).unwrap();
         let one = in_pool(1, || ops::matmul(&x, &w).unwrap());
         let two = in_pool(2, || ops::matmul(&x, &w).unwrap());
-        let bits = |t: &Tensor| t.f32s().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: &Tensor| {
+            t.f32s()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(bits(&one), bits(&two), "{f:?} m={m}");
         let ids: Vec<u32> = (0..200).map(|i| (i * 7 % n) as u32).collect();
         let e1 = in_pool(1, || ops::embedding(&w, &ids).unwrap());
@@ -314,7 +366,9 @@ fn bad_shapes_are_errors() {
     // Token id past the vocabulary.
     assert!(ops::embedding(&w, &[8]).is_err());
     // A quantized weight whose parts were swapped after validation.
-    let Weight::Quant(mut q) = w else { unreachable!() };
+    let Weight::Quant(mut q) = w else {
+        unreachable!()
+    };
     q.scales = Tensor::from_slice(&[8, 1], DType::F32, &[0.0f32; 8]).unwrap();
     let bad = Weight::Quant(q);
     let x = Tensor::from_f32(&[1, 128], vec![0.0; 128]).unwrap();

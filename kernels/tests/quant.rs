@@ -2,9 +2,7 @@
 //! outputs (tests/data/mlx_quant.txt, made by tests/data/gen_mlx_quant.py), spec values of
 //! E2M1/E4M3/E8M0, round-trip error bounds, and refusals of bad input.
 
-use kernels::cpu::minifloat::{
-    e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_TABLE,
-};
+use kernels::cpu::minifloat::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_TABLE};
 use kernels::quant::{dequantize, quantize};
 use kernels::{DType, QuantMode, QuantSpec};
 
@@ -84,11 +82,23 @@ fn quantize_matches_mlx_bytes() {
         }
         let spec = QuantSpec::new(mode, bits, group).unwrap();
         let q = quantize(&fixture_inputs(seed), ROWS, COLS, spec, dtype).unwrap();
-        let what = format!("{header}");
-        assert_eq!(q.packed.raw_bytes().unwrap(), &want["packed"][..], "packed, {what}");
-        assert_eq!(q.scales.raw_bytes().unwrap(), &want["scales"][..], "scales, {what}");
+        let what = header.to_string();
+        assert_eq!(
+            q.packed.raw_bytes().unwrap(),
+            &want["packed"][..],
+            "packed, {what}"
+        );
+        assert_eq!(
+            q.scales.raw_bytes().unwrap(),
+            &want["scales"][..],
+            "scales, {what}"
+        );
         match &q.biases {
-            Some(b) => assert_eq!(b.raw_bytes().unwrap(), &want["biases"][..], "biases, {what}"),
+            Some(b) => assert_eq!(
+                b.raw_bytes().unwrap(),
+                &want["biases"][..],
+                "biases, {what}"
+            ),
             None => assert!(!want.contains_key("biases"), "missing biases, {what}"),
         }
         cases += 1;
@@ -227,7 +237,11 @@ fn fp_round_trip_error_is_bounded_by_the_format() {
             let amax = orig.iter().fold(0.0f32, |a, x| a.max(x.abs())) as f64;
             for (a, b) in orig.iter().zip(deq) {
                 let err = (*a as f64 - *b as f64).abs();
-                assert!(err <= rel * amax, "{}: {a} -> {b} (amax {amax})", mode.name());
+                assert!(
+                    err <= rel * amax,
+                    "{}: {a} -> {b} (amax {amax})",
+                    mode.name()
+                );
             }
         }
     }

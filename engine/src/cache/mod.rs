@@ -2,19 +2,65 @@
 //! tensors are copy-on-write), which is what speculative decoding needs to roll back.
 
 pub mod kv;
+pub mod recurrent;
 
 pub use kv::KvCache;
+pub use recurrent::RecurrentState;
+
+use anyhow::{bail, Result};
+
+use crate::layers::GdnPath;
 
 /// What one layer remembers.
 #[derive(Debug, Clone)]
 pub enum LayerState {
     /// Full attention: keys and values of every past position.
     Kv(KvCache),
+    /// Linear attention (Gated DeltaNet): a fixed-size conv + recurrent state.
+    Recurrent(RecurrentState),
 }
 
-/// The state of one sequence: one entry per layer, and how many positions it has seen.
+impl LayerState {
+    /// The KV cache of a full-attention layer; an error names the mismatch otherwise.
+    pub fn kv_mut(&mut self) -> Result<&mut KvCache> {
+        match self {
+            LayerState::Kv(c) => Ok(c),
+            other => bail!("layer state mismatch: expected a KV cache, got {}", other.kind()),
+        }
+    }
+
+    /// The state of a linear-attention layer; an error names the mismatch otherwise.
+    pub fn recurrent_mut(&mut self) -> Result<&mut RecurrentState> {
+        match self {
+            LayerState::Recurrent(s) => Ok(s),
+            other => bail!("layer state mismatch: expected a recurrent state, got {}", other.kind()),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LayerState::Kv(_) => "a KV cache",
+            LayerState::Recurrent(_) => "a recurrent state",
+        }
+    }
+}
+
+/// The state of one sequence: one entry per layer, how many positions it has seen, and how its
+/// Gated DeltaNet layers compute (families without such layers ignore `gdn_path`).
 #[derive(Debug, Clone)]
 pub struct ModelState {
     pub layers: Vec<LayerState>,
     pub pos: usize,
+    pub gdn_path: GdnPath,
+}
+
+impl ModelState {
+    /// A state at position 0 with the automatic GDN path.
+    pub fn new(layers: Vec<LayerState>) -> ModelState {
+        ModelState {
+            layers,
+            pos: 0,
+            gdn_path: GdnPath::Auto,
+        }
+    }
 }

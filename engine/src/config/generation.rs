@@ -42,21 +42,22 @@ impl GenerationConfig {
         };
         let float = |key: &str| -> Result<Option<f32>> {
             get(key)
-                .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| wrong(key, "a number", v)))
+                .map(|v| {
+                    v.as_f64()
+                        .map(|x| x as f32)
+                        .ok_or_else(|| wrong(key, "a number", v))
+                })
                 .transpose()
         };
         let uint = |key: &str| -> Result<Option<usize>> {
             get(key)
-                .map(|v| {
-                    super::as_usize(v).ok_or_else(|| wrong(key, "a non-negative integer", v))
-                })
+                .map(|v| super::as_usize(v).ok_or_else(|| wrong(key, "a non-negative integer", v)))
                 .transpose()
         };
         let eos_token_ids = match get("eos_token_id") {
             None => Vec::new(),
-            Some(v) => parse_ids(v).ok_or_else(|| {
-                wrong("eos_token_id", "a token id or a list of token ids", v)
-            })?,
+            Some(v) => parse_ids(v)
+                .ok_or_else(|| wrong("eos_token_id", "a token id or a list of token ids", v))?,
         };
         Ok(GenerationConfig {
             eos_token_ids,
@@ -67,7 +68,10 @@ impl GenerationConfig {
             // which counts the prompt too, so it is not a substitute.
             max_new_tokens: uint("max_new_tokens")?,
             do_sample: get("do_sample")
-                .map(|v| v.as_bool().ok_or_else(|| wrong("do_sample", "true or false", v)))
+                .map(|v| {
+                    v.as_bool()
+                        .ok_or_else(|| wrong("do_sample", "true or false", v))
+                })
                 .transpose()?,
         })
     }

@@ -36,7 +36,10 @@ impl ModelConfig {
     pub fn from_value(dir: &Path, root: Value) -> Result<ModelConfig> {
         let path = dir.join("config.json");
         if !root.is_object() {
-            bail!("{}: expected a JSON object at the top level", path.display());
+            bail!(
+                "{}: expected a JSON object at the top level",
+                path.display()
+            );
         }
         let text = match root.get("text_config") {
             None | Some(Value::Null) => root.clone(),
@@ -122,7 +125,9 @@ impl ModelConfig {
     pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.opt(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.wrong(key, "true or false", v)),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.wrong(key, "true or false", v)),
         }
     }
 

@@ -66,7 +66,6 @@ impl QuantConfig {
 const SPEC_KEYS: [&str; 3] = ["group_size", "bits", "mode"];
 
 fn parse_block(block: &Map<String, Value>, field: &str, path: &Path) -> Result<QuantConfig> {
-    let at = |key: &str| format!("{}: field `{field}.{key}`", path.display());
     // Hugging Face quantizers (`quant_method`) store weights in their own layouts; like mlx-lm,
     // only MXFP4 is read directly (as MLX's mxfp4), the rest need converting first.
     if let Some(method) = block.get("quant_method") {
@@ -79,24 +78,21 @@ fn parse_block(block: &Map<String, Value>, field: &str, path: &Path) -> Result<Q
             });
         }
         bail!(
-            "{}: quant_method `{method}` is not supported; convert the checkpoint with \
+            "{}: field `{field}.quant_method`: `{method}` is not supported; convert the checkpoint with \
              mlx_lm.convert (MLX affine/mxfp4/nvfp4/mxfp8 are supported)",
-            at("quant_method")
+            path.display(),
         );
     }
-    let default = Some(parse_spec(block, &at, None)?);
+    let default = Some(parse_spec(block, path, field)?);
     let mut overrides = BTreeMap::new();
     for (key, value) in block {
-        if SPEC_KEYS.contains(&key.as_str()) || key == "quant_method" {
+        if SPEC_KEYS.contains(&key.as_str()) {
             continue;
         }
         let spec = match value {
             Value::Bool(false) => None,
             Value::Bool(true) => default,
-            Value::Object(entry) => {
-                let at = |k: &str| format!("{}: field `{field}.{key}.{k}`", path.display());
-                Some(parse_spec(entry, &at, Some(key))?)
-            }
+            Value::Object(entry) => Some(parse_spec(entry, path, &format!("{field}.{key}"))?),
             other => bail!(
                 "{}: field `{field}.{key}` must be false, true or {{group_size, bits, mode}}, \
                  got {}",
@@ -109,12 +105,10 @@ fn parse_block(block: &Map<String, Value>, field: &str, path: &Path) -> Result<Q
     Ok(QuantConfig { default, overrides })
 }
 
-/// One `{group_size, bits, mode}` set; missing sizes take the mode's defaults as MLX does.
-fn parse_spec(
-    obj: &Map<String, Value>,
-    at: &dyn Fn(&str) -> String,
-    module: Option<&str>,
-) -> Result<QuantSpec> {
+/// One `{group_size, bits, mode}` set found at field `base`; missing sizes take the mode's
+/// defaults, as MLX does.
+fn parse_spec(obj: &Map<String, Value>, path: &Path, base: &str) -> Result<QuantSpec> {
+    let at = |key: &str| format!("{}: field `{base}.{key}`", path.display());
     let mode = match obj.get("mode") {
         None | Some(Value::Null) => QuantMode::Affine,
         Some(Value::String(s)) => QuantMode::parse(s).ok_or_else(|| {
@@ -140,8 +134,6 @@ fn parse_spec(
     };
     let group_size = int("group_size", default_group)?;
     let bits = int("bits", default_bits)?;
-    QuantSpec::new(mode, bits, group_size).map_err(|e| {
-        let whom = module.map(|m| format!(" (module `{m}`)")).unwrap_or_default();
-        anyhow!("{}{whom}: {e}", at("bits"))
-    })
+    QuantSpec::new(mode, bits, group_size)
+        .map_err(|e| anyhow!("{}: field `{base}`: {e}", path.display()))
 }

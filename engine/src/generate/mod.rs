@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use kernels::ops;
 
+use crate::layers::GdnPath;
 use crate::models::CausalLm;
 pub use sampler::{Sampler, SamplingParams};
 
@@ -23,6 +24,8 @@ pub struct GenerateRequest {
     pub top_logprobs: usize,
     /// Prefill at most this many tokens per forward (`None`: the whole prompt at once).
     pub prefill_step: Option<usize>,
+    /// How Gated DeltaNet layers compute (ignored by families without them).
+    pub gdn_path: GdnPath,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -79,6 +82,7 @@ pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl 
     let budget = req.max_tokens.min(context - req.prompt_ids.len());
     let mut sampler = Sampler::new(req.sampling);
     let mut state = model.new_state();
+    state.gdn_path = req.gdn_path;
     let mut tokens = Vec::with_capacity(budget);
     let mut top = (req.top_logprobs > 0).then(Vec::new);
     let mut finish = FinishReason::Length;

@@ -2,12 +2,14 @@
 //! none of them touch a backend directly.
 
 pub mod attention;
+pub mod gated_delta;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
 
 pub use attention::{AttentionConfig, GqaAttention};
+pub use gated_delta::{GatedDeltaNet, GdnConfig, GdnPath};
 pub use linear::Linear;
 pub use mlp::SwiGlu;
 pub use norm::RmsNorm;

@@ -1,6 +1,7 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
 pub mod qwen3;
+pub mod qwen3_5;
 
 use std::path::Path;
 
@@ -42,8 +43,10 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let store = WeightStore::open(dir)?;
     match cfg.model_type.as_str() {
         "qwen3" => Ok(Box::new(qwen3::Qwen3::load(&cfg, &store)?)),
+        // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
+        "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(&cfg, &store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3, qwen3_5)",
             dir.join("config.json").display()
         ),
     }

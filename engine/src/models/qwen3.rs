@@ -127,19 +127,18 @@ impl CausalLm for Qwen3 {
     }
 
     fn new_state(&self) -> ModelState {
-        ModelState {
-            layers: (0..self.blocks.len())
+        ModelState::new(
+            (0..self.blocks.len())
                 .map(|_| LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)))
                 .collect(),
-            pos: 0,
-        }
+        )
     }
 
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
         let mut x = ops::embedding(&self.embed, ids)?;
         for (block, layer) in self.blocks.iter().zip(state.layers.iter_mut()) {
-            let LayerState::Kv(cache) = layer;
+            let cache = layer.kv_mut()?;
             let h = block.attn.forward(&block.input_norm.forward(&x)?, cache)?;
             x = ops::add(&x, &h)?;
             let h = block.mlp.forward(&block.post_norm.forward(&x)?)?;

@@ -41,9 +41,12 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<(), minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<(), minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| anyhow!("{origin}: chat template does not parse: {}", describe(&e)))?;
@@ -231,8 +234,14 @@ mod tests {
     fn strftime_subset_matches_known_dates() {
         // Timestamps from Python's calendar.timegm.
         assert_eq!(format_time(1_721_999_109, "%d %b %Y"), "26 Jul 2024");
-        assert_eq!(format_time(1_721_999_109, "%Y-%m-%d %H:%M:%S"), "2024-07-26 13:05:09");
-        assert_eq!(format_time(951_782_400, "%-d %B %Y %%"), "29 February 2000 %");
+        assert_eq!(
+            format_time(1_721_999_109, "%Y-%m-%d %H:%M:%S"),
+            "2024-07-26 13:05:09"
+        );
+        assert_eq!(
+            format_time(951_782_400, "%-d %B %Y %%"),
+            "29 February 2000 %"
+        );
         assert_eq!(format_time(-1, "%Y-%m-%d %H:%M:%S"), "1969-12-31 23:59:59");
         assert_eq!(format_time(0, "%A %q"), "%A %q");
     }

@@ -30,7 +30,10 @@ impl WeightStore {
     /// `*.safetensors`.
     pub fn open(dir: &Path) -> Result<WeightStore> {
         if !dir.is_dir() {
-            bail!("{}: model folder does not exist or is not a folder", dir.display());
+            bail!(
+                "{}: model folder does not exist or is not a folder",
+                dir.display()
+            );
         }
         let index_path = dir.join(INDEX);
         if index_path.exists() {
@@ -84,8 +87,8 @@ impl WeightStore {
 
     fn open_indexed(dir: &Path, index_path: &Path) -> Result<WeightStore> {
         let shown = index_path.display();
-        let text = std::fs::read_to_string(index_path)
-            .with_context(|| format!("{shown}: cannot read"))?;
+        let text =
+            std::fs::read_to_string(index_path).with_context(|| format!("{shown}: cannot read"))?;
         let root: Value =
             serde_json::from_str(&text).with_context(|| format!("{shown}: not valid JSON"))?;
         let map = match root.get("weight_map") {
@@ -129,7 +132,9 @@ impl WeightStore {
         for (name, shard) in wanted {
             let idx = file_idx[&shard];
             if !files[idx].tensors.contains_key(&name) {
-                bail!("{shown}: lists tensor `{name}` in `{shard}`, but that shard does not hold it");
+                bail!(
+                    "{shown}: lists tensor `{name}` in `{shard}`, but that shard does not hold it"
+                );
             }
             location.insert(name, idx);
         }
@@ -197,7 +202,10 @@ impl WeightStore {
             let shown: Vec<String> = similar.iter().take(3).map(|s| format!("`{s}`")).collect();
             format!("similar: {}", shown.join(", "))
         };
-        anyhow!("{}: tensor `{name}` is missing ({hint})", self.dir.display())
+        anyhow!(
+            "{}: tensor `{name}` is missing ({hint})",
+            self.dir.display()
+        )
     }
 
     /// `name`, checked to have exactly `shape`.
@@ -314,7 +322,8 @@ fn file_name(p: &Path) -> String {
 /// `*.safetensors` directly inside `dir`, sorted by name.
 fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
-    let entries = std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
     for entry in entries {
         let path = entry
             .with_context(|| format!("{}: cannot list", dir.display()))?

@@ -169,7 +169,9 @@ fn parse_entry(v: &Value, data_len: usize) -> Result<TensorInfo> {
             .map(|d| {
                 d.as_u64()
                     .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| anyhow!("`shape` entries must be non-negative integers, got {d}"))
+                    .ok_or_else(|| {
+                        anyhow!("`shape` entries must be non-negative integers, got {d}")
+                    })
             })
             .collect::<Result<Vec<usize>>>()?,
         Some(other) => bail!("`shape` must be a list of integers, got {other}"),
@@ -179,9 +181,12 @@ fn parse_entry(v: &Value, data_len: usize) -> Result<TensorInfo> {
         Some(Value::Array(o)) if o.len() == 2 => {
             let mut ends = [0usize; 2];
             for (slot, v) in ends.iter_mut().zip(o) {
-                *slot = v.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
-                    anyhow!("`data_offsets` must be two non-negative integers, got {v}")
-                })?;
+                *slot = v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        anyhow!("`data_offsets` must be two non-negative integers, got {v}")
+                    })?;
             }
             ends
         }

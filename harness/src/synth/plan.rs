@@ -9,6 +9,10 @@ use super::tokenizer::TokenizerPlan;
 pub enum Init {
     /// `mean + std · N(0, 1)`.
     Gaussian { mean: f32, std: f32 },
+    /// No randomness: element `i` of `n` is `start + (end − start) · ((i + shift) mod n) / (n − 1)`,
+    /// an evenly spaced table rotated by `shift` (e.g. per-head decay rates from weak to strong,
+    /// rotated per layer so the layers differ).
+    Ramp { start: f32, end: f32, shift: usize },
 }
 
 impl Init {
@@ -30,6 +34,9 @@ pub enum Store {
     Matrix,
     /// Always the format's float dtype (f32 or bf16): norms and other small tensors.
     Float,
+    /// Float32 in every format, as mlx-lm keeps some parameters (its `cast_predicate`, e.g.
+    /// Gated DeltaNet's `A_log`) and as some original checkpoints store them.
+    F32,
 }
 
 /// One logical tensor of the model (before quantization splits it into weight/scales/biases).
@@ -40,6 +47,10 @@ pub struct TensorPlan {
     pub shape: Vec<usize>,
     pub init: Init,
     pub store: Store,
+    /// The name the values are drawn from when it differs from `name`, so the same logical tensor
+    /// gets the same values in every layout (e.g. Qwen3.5's `model.language_model.*` and
+    /// `language_model.model.*`).
+    pub seed_name: Option<String>,
 }
 
 impl TensorPlan {
@@ -49,7 +60,19 @@ impl TensorPlan {
             shape: shape.to_vec(),
             init,
             store,
+            seed_name: None,
         }
+    }
+
+    /// Draws the values as if the tensor were named `name`.
+    pub fn seeded_as(mut self, name: impl Into<String>) -> TensorPlan {
+        self.seed_name = Some(name.into());
+        self
+    }
+
+    /// The name the values are drawn from.
+    pub fn value_name(&self) -> &str {
+        self.seed_name.as_deref().unwrap_or(&self.name)
     }
 
     pub fn numel(&self) -> usize {

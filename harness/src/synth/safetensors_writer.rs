@@ -121,7 +121,11 @@ pub fn plan_shards(
 pub fn index_json(files: &[FileLayout], total_parameters: u64) -> Value {
     let mut names: Vec<(&str, &str)> = files
         .iter()
-        .flat_map(|f| f.entries.iter().map(|e| (e.name.as_str(), f.file_name.as_str())))
+        .flat_map(|f| {
+            f.entries
+                .iter()
+                .map(|e| (e.name.as_str(), f.file_name.as_str()))
+        })
         .collect();
     names.sort();
     let weight_map: Map<String, Value> = names
@@ -216,7 +220,10 @@ mod tests {
         let meta = json!({"format": "pt"});
         let l = FileLayout::new(
             "x.safetensors".into(),
-            vec![entry("b", DType::F32, &[3]), entry("a", DType::BF16, &[2, 3])],
+            vec![
+                entry("b", DType::F32, &[3]),
+                entry("a", DType::BF16, &[2, 3]),
+            ],
             &meta,
         )
         .unwrap();

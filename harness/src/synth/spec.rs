@@ -13,7 +13,7 @@ use super::families;
 /// Model widths. Each family maps these to its own dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
 pub enum Size {
-    /// A few hundred thousand parameters: for unit and integration tests (milliseconds to write).
+    /// About half a million parameters: for unit and integration tests (written in under a second).
     Tiny,
     /// The widths of the family's smallest real model (e.g. Qwen3-0.6B): for benchmarks.
     Bench,
@@ -122,9 +122,8 @@ impl Format {
     /// mlx_lm/utils.py): group size, bits and mode. mlx-lm also copies it to
     /// `quantization_config` for the Hugging Face hub; see [`insert_quantization`].
     pub fn quantization_block(self) -> Option<Value> {
-        self.quant_spec().map(|q| {
-            json!({"group_size": q.group_size, "bits": q.bits, "mode": q.mode.name()})
-        })
+        self.quant_spec()
+            .map(|q| json!({"group_size": q.group_size, "bits": q.bits, "mode": q.mode.name()}))
     }
 }
 
@@ -168,7 +167,9 @@ impl SynthSpec {
             bail!("bad synthetic model `{s}`: expected FAMILY[:SIZE[:FORMAT[:LAYOUT]]], e.g. qwen3:tiny:q4:mlx");
         }
         families::find(parts[0])?;
-        let size = parts.get(1).map_or(Ok(Size::Tiny), |p| parse_value("size", p))?;
+        let size = parts
+            .get(1)
+            .map_or(Ok(Size::Tiny), |p| parse_value("size", p))?;
         let format = parts
             .get(2)
             .map_or(Ok(Format::F32), |p| parse_value("format", p))?;
@@ -231,7 +232,10 @@ mod tests {
     #[test]
     fn parse_fills_defaults_and_round_trips() {
         let s = SynthSpec::parse("qwen3").unwrap();
-        assert_eq!((s.size, s.format, s.layout), (Size::Tiny, Format::F32, None));
+        assert_eq!(
+            (s.size, s.format, s.layout),
+            (Size::Tiny, Format::F32, None)
+        );
         assert_eq!(s.to_string(), "qwen3:tiny:f32:hf");
         let s = SynthSpec::parse("qwen3:bench:q4").unwrap();
         assert_eq!(s.to_string(), "qwen3:bench:q4:mlx");

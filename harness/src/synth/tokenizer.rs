@@ -3,9 +3,10 @@
 //! The vocabulary starts with the 256 byte tokens spelled in GPT-2's byte-to-unicode alphabet (in
 //! GPT-2's id order: printable bytes first), learns merges from a small embedded English text so
 //! ordinary prose encodes into multi-byte tokens, then fills the requested size with seeded random
-//! merges of short tokens. Special tokens follow the ordinary ones. The JSON mirrors Qwen's
-//! tokenizer (NFC normaliser, regex split + ByteLevel pre-tokenizer, ByteLevel decoder) so it loads
-//! in the Rust `tokenizers` crate and in Python `tokenizers`/`transformers` alike.
+//! merges of short printable-ASCII tokens. Special tokens follow the ordinary ones. The JSON
+//! mirrors Qwen's tokenizer (NFC normaliser, regex split + ByteLevel pre-tokenizer, ByteLevel
+//! decoder) so it loads in the Rust `tokenizers` crate and in Python `tokenizers`/`transformers`
+//! alike.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,7 +18,8 @@ use super::rng::SplitMix64;
 /// The text the first merges are learned from.
 const CORPUS: &str = include_str!("corpus.txt");
 
-/// Random fill merges only combine tokens up to this many bytes, so tokens stay short.
+/// Random fill merges only combine tokens up to this many bytes, so tokens stay short (the
+/// printable-ASCII candidates number ~10⁵ at this length: plenty for a 152k vocabulary).
 const MAX_RANDOM_PART_BYTES: usize = 4;
 
 /// Fixed seed of the random fill: the tokenizer of a size is the same for every weight seed,
@@ -71,10 +73,12 @@ fn byte_alphabet() -> Vec<(u8, char)> {
         .filter(|&b| printable(b))
         .map(|b| (b, b as char))
         .collect();
-    let mut next = 256u32;
-    for b in (0..=255u8).filter(|&b| !printable(b)) {
-        out.push((b, char::from_u32(next).expect("U+0100..U+0143 are valid chars")));
-        next += 1;
+    let shifted = (0..=255u8).filter(|&b| !printable(b));
+    for (code, b) in (256u32..).zip(shifted) {
+        out.push((
+            b,
+            char::from_u32(code).expect("U+0100..U+0143 are valid chars"),
+        ));
     }
     out
 }
@@ -171,11 +175,15 @@ impl Vocab {
         }
     }
 
-    /// Adds random merges of short tokens until `target` tokens exist.
+    /// Adds random merges of short printable-ASCII tokens until `target` tokens exist, so the
+    /// text a random model generates stays mostly readable.
     fn fill(&mut self, target: usize) {
         let mut rng = SplitMix64::new(FILL_SEED);
         let mut parts: Vec<u32> = (0..self.tokens.len() as u32)
-            .filter(|&i| self.tokens[i as usize].len() <= MAX_RANDOM_PART_BYTES)
+            .filter(|&i| {
+                let t = &self.tokens[i as usize];
+                t.len() <= MAX_RANDOM_PART_BYTES && t.iter().all(|b| (b' '..=b'~').contains(b))
+            })
             .collect();
         while self.tokens.len() < target {
             let a = parts[rng.below(parts.len())];
@@ -399,7 +407,11 @@ mod tests {
         let mut v = Vocab::bytes();
         v.learn(CORPUS, 2000);
         assert!(v.ids.contains_key(b" the".as_slice()));
-        assert!(v.tokens.len() > 400, "only {} tokens learned", v.tokens.len());
+        assert!(
+            v.tokens.len() > 400,
+            "only {} tokens learned",
+            v.tokens.len()
+        );
         v.fill(3000);
         assert_eq!(v.tokens.len(), 3000);
     }

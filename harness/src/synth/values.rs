@@ -22,8 +22,9 @@ const QUANT_BLOCK: usize = 1 << 20;
 
 /// The values of `t` for checkpoint seed `seed`, in f32.
 pub fn generate(t: &TensorPlan, seed: u64) -> Vec<f32> {
-    let base = tensor_seed(seed, &t.name);
-    let mut v = vec![0f32; t.numel()];
+    let base = tensor_seed(seed, t.value_name());
+    let n = t.numel();
+    let mut v = vec![0f32; n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
         let mut rng = SplitMix64::new(chunk_seed(base, i as u64));
         match t.init {
@@ -32,9 +33,24 @@ pub fn generate(t: &TensorPlan, seed: u64) -> Vec<f32> {
                     *x = mean + std * rng.normal();
                 }
             }
+            Init::Ramp { start, end, shift } => {
+                let steps = n.saturating_sub(1).max(1) as f64;
+                for (j, x) in chunk.iter_mut().enumerate() {
+                    let k = (i * CHUNK + j + shift) % n;
+                    *x = (start as f64 + (end as f64 - start as f64) * k as f64 / steps) as f32;
+                }
+            }
         }
     });
     v
+}
+
+/// The dtype `t` is stored in when it is not quantized.
+fn float_dtype(t: &TensorPlan, format: Format) -> DType {
+    match t.store {
+        Store::F32 => DType::F32,
+        Store::Matrix | Store::Float => format.float_dtype(),
+    }
 }
 
 /// The quantization `t` gets in `format`, following mlx-lm: Linear/Embedding weights whose input
@@ -48,7 +64,10 @@ fn quant_of(t: &TensorPlan, format: Format) -> Option<QuantSpec> {
 fn quant_prefix(t: &TensorPlan) -> Result<&str> {
     match t.name.strip_suffix(".weight") {
         Some(p) => Ok(p),
-        None => bail!("matrix `{}` must be named `<module>.weight` to be quantized", t.name),
+        None => bail!(
+            "matrix `{}` must be named `<module>.weight` to be quantized",
+            t.name
+        ),
     }
 }
 
@@ -57,7 +76,7 @@ pub fn stored_entries(t: &TensorPlan, format: Format) -> Result<Vec<TensorEntry>
     let Some(q) = quant_of(t, format) else {
         return Ok(vec![TensorEntry {
             name: t.name.clone(),
-            dtype: format.float_dtype(),
+            dtype: float_dtype(t, format),
             shape: t.shape.clone(),
         }]);
     };
@@ -98,7 +117,7 @@ fn scale_dtype(q: QuantSpec) -> DType {
 /// [`stored_entries`].
 pub fn encode(t: &TensorPlan, values: &[f32], format: Format) -> Result<Vec<Vec<u8>>> {
     let Some(q) = quant_of(t, format) else {
-        return Ok(vec![match format.float_dtype() {
+        return Ok(vec![match float_dtype(t, format) {
             DType::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
             _ => to_bf16_bytes(values),
         }]);
@@ -118,7 +137,11 @@ pub fn encode(t: &TensorPlan, values: &[f32], format: Format) -> Result<Vec<Vec<
                 Some(b) => b.raw_bytes()?.to_vec(),
                 None => Vec::new(),
             };
-            Ok([w.packed.raw_bytes()?.to_vec(), w.scales.raw_bytes()?.to_vec(), biases])
+            Ok([
+                w.packed.raw_bytes()?.to_vec(),
+                w.scales.raw_bytes()?.to_vec(),
+                biases,
+            ])
         })
         .collect::<Result<_>>()?;
     let parts = if q.mode.has_biases() { 3 } else { 2 };
@@ -155,7 +178,10 @@ mod tests {
         assert_ne!(generate(&a, 1), generate(&a, 2));
         assert_ne!(generate(&a, 1), generate(&b, 1));
         // Bit-identical whatever the pool size.
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         assert_eq!(one.install(|| generate(&a, 9)), generate(&a, 9));
     }
 
@@ -180,10 +206,19 @@ mod tests {
         assert_eq!((e[1].dtype, e[1].shape.clone()), (DType::U8, vec![8, 8]));
         // Not a multiple of the group: kept in bf16, like mlx-lm does.
         let odd = plan("m.x.weight", &[8, 96], Store::Matrix);
-        assert_eq!(stored_entries(&odd, Format::Q4).unwrap()[0].dtype, DType::BF16);
+        assert_eq!(
+            stored_entries(&odd, Format::Q4).unwrap()[0].dtype,
+            DType::BF16
+        );
         let norm = plan("m.norm.weight", &[128], Store::Float);
-        assert_eq!(stored_entries(&norm, Format::Q4).unwrap()[0].dtype, DType::BF16);
-        assert_eq!(stored_entries(&norm, Format::F32).unwrap()[0].dtype, DType::F32);
+        assert_eq!(
+            stored_entries(&norm, Format::Q4).unwrap()[0].dtype,
+            DType::BF16
+        );
+        assert_eq!(
+            stored_entries(&norm, Format::F32).unwrap()[0].dtype,
+            DType::F32
+        );
     }
 
     #[test]
@@ -192,5 +227,35 @@ mod tests {
         // 1 + 3·2^-9 rounds up to 0x3F81.
         let b = to_bf16_bytes(&[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 512.0, -2.0]);
         assert_eq!(b, vec![0x80, 0x3F, 0x81, 0x3F, 0x00, 0xC0]);
+    }
+
+    #[test]
+    fn ramp_is_an_evenly_spaced_rotated_table() {
+        let t = TensorPlan::new(
+            "a",
+            &[4],
+            Init::Ramp {
+                start: 0.0,
+                end: 3.0,
+                shift: 1,
+            },
+            Store::F32,
+        );
+        assert_eq!(generate(&t, 0), vec![1.0, 2.0, 3.0, 0.0]);
+        assert_eq!(generate(&t, 0), generate(&t, 99), "no randomness");
+    }
+
+    #[test]
+    fn f32_store_and_seed_name() {
+        let t = plan("m.A_log", &[4], Store::F32);
+        for format in [Format::Bf16, Format::Q4] {
+            let e = stored_entries(&t, format).unwrap();
+            assert_eq!((e.len(), e[0].dtype), (1, DType::F32));
+            assert_eq!(encode(&t, &[1.0; 4], format).unwrap()[0].len(), 16);
+        }
+        // Values follow the seed name, not the stored name.
+        let a = plan("x.weight", &[64], Store::Float);
+        let b = plan("y.weight", &[64], Store::Float).seeded_as("x.weight");
+        assert_eq!(generate(&a, 3), generate(&b, 3));
     }
 }

@@ -126,9 +126,8 @@ impl TempDir {
         if out.exists() {
             fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
         }
-        fs::rename(&self.0, out).with_context(|| {
-            format!("renaming {} to {}", self.0.display(), out.display())
-        })?;
+        fs::rename(&self.0, out)
+            .with_context(|| format!("renaming {} to {}", self.0.display(), out.display()))?;
         std::mem::forget(self);
         Ok(())
     }
@@ -146,7 +145,11 @@ fn sorted(v: &Value) -> Value {
         Value::Object(m) => {
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
-            Value::Object(keys.into_iter().map(|k| (k.clone(), m[k].clone())).collect::<Map<_, _>>())
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), m[k].clone()))
+                    .collect::<Map<_, _>>(),
+            )
         }
         other => other.clone(),
     }
@@ -188,7 +191,11 @@ fn write_folder(
     )?;
     if shards.len() > 1 {
         let params = plan.tensors.iter().map(|t| t.numel() as u64).sum();
-        write_json(dir, "model.safetensors.index.json", &index_json(&shards, params))?;
+        write_json(
+            dir,
+            "model.safetensors.index.json",
+            &index_json(&shards, params),
+        )?;
     }
     let shard_of: HashMap<String, usize> = shards
         .iter()
@@ -218,12 +225,12 @@ fn write_folder(
             bar.inc(data.len() as u64);
         }
     }
-    let mut names = Vec::new();
     for w in writers {
         w.finish()?;
     }
     bar.finish_and_clear();
 
+    let mut names = Vec::new();
     let mut bytes = 0;
     for e in fs::read_dir(dir)? {
         let e = e?;

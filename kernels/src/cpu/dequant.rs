@@ -13,7 +13,7 @@
 
 use half::{bf16, f16};
 
-use super::minifloat::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, E4M3_TABLE};
+use super::minifloat::{e4m3_to_f32, e8m0_to_f32};
 use crate::error::shape_err;
 use crate::quant::QuantMode;
 use crate::{DType, Error, Result, Tensor, Weight};
@@ -51,7 +51,7 @@ impl<'a> Floats<'a> {
     }
 
     #[inline(always)]
-    fn get(&self, i: usize) -> f32 {
+    pub(crate) fn get(&self, i: usize) -> f32 {
         match self {
             Floats::F32(s) => s[i],
             Floats::BF16(s) => bf16_to_f32(s[i]),
@@ -104,6 +104,15 @@ enum Layout<'a> {
         packed: &'a [u32],
         scales: &'a [u8],
     },
+}
+
+/// A 4-bit affine weight's storage: `packed` holds 8 codes per word, row after row.
+#[derive(Clone, Copy)]
+pub(crate) struct Affine4<'a> {
+    pub packed: &'a [u32],
+    pub scales: Floats<'a>,
+    pub biases: Floats<'a>,
+    pub group: usize,
 }
 
 /// A weight matrix `[rows, cols]` ready to be decoded row by row into f32.
@@ -226,6 +235,25 @@ impl<'a> WeightRows<'a> {
         self.cols
     }
 
+    /// The parts of a 4-bit affine weight, for kernels that fuse its decode into a dot product.
+    pub(crate) fn affine4(&self) -> Option<Affine4<'a>> {
+        match self.layout {
+            Layout::Affine {
+                packed,
+                scales,
+                biases,
+                bits: 4,
+                group,
+            } => Some(Affine4 {
+                packed,
+                scales,
+                biases,
+                group,
+            }),
+            _ => None,
+        }
+    }
+
     /// Rows `r0..r0 + n` as stored, when the weight already is f32 (read in place, no decode).
     #[inline(always)]
     pub fn f32_rows(&self, r0: usize, n: usize) -> Option<&'a [f32]> {
@@ -246,6 +274,34 @@ impl<'a> WeightRows<'a> {
     /// must be multiples of the group size (spans never split a group).
     #[inline(always)]
     pub fn decode_span(&self, r: usize, c0: usize, out: &mut [f32]) {
+        self.span_impl::<false>(r, c0, out)
+    }
+
+    /// [`Self::decode_span`] with the AVX2 group decoders (same bits).
+    ///
+    /// # Safety
+    /// The CPU has AVX2. (Call it from a function compiled with AVX2 enabled so the intrinsics
+    /// inline.)
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn decode_span_avx2(&self, r: usize, c0: usize, out: &mut [f32]) {
+        self.span_impl::<true>(r, c0, out)
+    }
+
+    /// [`Self::decode_rows`] with the AVX2 group decoders.
+    ///
+    /// # Safety
+    /// As [`Self::decode_span_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn decode_rows_avx2(&self, r0: usize, out: &mut [f32]) {
+        for (i, o) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            self.span_impl::<true>(r0 + i, 0, o);
+        }
+    }
+
+    #[inline(always)]
+    fn span_impl<const AVX2: bool>(&self, r: usize, c0: usize, out: &mut [f32]) {
         let cols = self.cols;
         debug_assert!(c0 + out.len() <= cols);
         match self.layout {
@@ -257,7 +313,7 @@ impl<'a> WeightRows<'a> {
                 bits,
                 group,
             } => {
-                debug_assert!(c0 % group == 0 && out.len() % group == 0);
+                debug_assert!(c0.is_multiple_of(group) && out.len().is_multiple_of(group));
                 let words = cols * bits / 32;
                 let w0 = r * words + c0 * bits / 32;
                 let span = &packed[w0..w0 + out.len() * bits / 32];
@@ -269,10 +325,22 @@ impl<'a> WeightRows<'a> {
                     .enumerate()
                 {
                     let (s, b) = (scales.get(g0 + gi), biases.get(g0 + gi));
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 && matches!(bits, 2 | 4 | 8) {
+                        // SAFETY: AVX2 is present (the AVX2 entry points' contract).
+                        unsafe {
+                            match bits {
+                                2 => super::dequant_avx2::affine2(w, s, b, o),
+                                4 => super::dequant_avx2::affine4(w, s, b, o),
+                                _ => super::dequant_avx2::affine8(w, s, b, o),
+                            }
+                        }
+                        continue;
+                    }
                     match bits {
-                        2 => affine_words::<2>(w, s, b, o),
-                        4 => affine_words::<4>(w, s, b, o),
-                        8 => affine_words::<8>(w, s, b, o),
+                        2 => affine_words::<2, 16>(w, s, b, o),
+                        4 => affine_words::<4, 8>(w, s, b, o),
+                        8 => affine_words::<8, 4>(w, s, b, o),
                         _ => affine_stream(w, bits, s, b, o),
                     }
                 }
@@ -283,7 +351,7 @@ impl<'a> WeightRows<'a> {
                 group,
                 e4m3_scales,
             } => {
-                debug_assert!(c0 % group == 0 && out.len() % group == 0);
+                debug_assert!(c0.is_multiple_of(group) && out.len().is_multiple_of(group));
                 let w0 = (r * cols + c0) / 8;
                 let span = &packed[w0..w0 + out.len() / 8];
                 let g0 = (r * cols + c0) / group;
@@ -298,23 +366,35 @@ impl<'a> WeightRows<'a> {
                     } else {
                         e8m0_to_f32(code)
                     };
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 {
+                        // SAFETY: AVX2 is present (the AVX2 entry points' contract).
+                        unsafe { super::dequant_avx2::fp4(w, s, o) };
+                        continue;
+                    }
                     for (o8, &word) in o.chunks_exact_mut(8).zip(w) {
+                        let o8: &mut [f32; 8] = o8.try_into().expect("chunks of 8");
                         for (i, v) in o8.iter_mut().enumerate() {
-                            *v = e2m1_to_f32((word >> (4 * i)) as u8) * s;
+                            *v = e2m1_bits((word >> (4 * i)) & 0xF) * s;
                         }
                     }
                 }
             }
             Layout::Fp8 { packed, scales } => {
-                debug_assert!(c0 % 32 == 0 && out.len() % 32 == 0);
+                debug_assert!(c0.is_multiple_of(32) && out.len().is_multiple_of(32));
                 let w0 = (r * cols + c0) / 4;
                 let span = &packed[w0..w0 + out.len() / 4];
                 let g0 = (r * cols + c0) / 32;
-                for (gi, (o, w)) in out.chunks_exact_mut(32).zip(span.chunks_exact(8)).enumerate() {
+                for (gi, (o, w)) in out
+                    .chunks_exact_mut(32)
+                    .zip(span.chunks_exact(8))
+                    .enumerate()
+                {
                     let s = e8m0_to_f32(scales[g0 + gi]);
                     for (o4, &word) in o.chunks_exact_mut(4).zip(w) {
+                        let o4: &mut [f32; 4] = o4.try_into().expect("chunks of 4");
                         for (i, v) in o4.iter_mut().enumerate() {
-                            *v = E4M3_TABLE[((word >> (8 * i)) & 0xFF) as usize] * s;
+                            *v = e4m3_bits((word >> (8 * i)) & 0xFF) * s;
                         }
                     }
                 }
@@ -331,16 +411,47 @@ impl<'a> WeightRows<'a> {
     }
 }
 
-/// One group of power-of-two-width affine codes: `32 / BITS` codes per word.
+/// One group of power-of-two-width affine codes: `PER = 32 / BITS` codes per word. Fixed-size
+/// chunks let the compiler turn the inner loop into one vector shift per word.
 #[inline(always)]
-fn affine_words<const BITS: usize>(words: &[u32], s: f32, b: f32, out: &mut [f32]) {
-    let per = 32 / BITS;
+fn affine_words<const BITS: u32, const PER: usize>(words: &[u32], s: f32, b: f32, out: &mut [f32]) {
     let mask = (1u32 << BITS) - 1;
-    for (o, &w) in out.chunks_exact_mut(per).zip(words) {
+    for (o, &w) in out.chunks_exact_mut(PER).zip(words) {
+        let o: &mut [f32; PER] = o.try_into().expect("chunks of PER");
         for (i, v) in o.iter_mut().enumerate() {
-            *v = s * ((w >> (BITS * i)) & mask) as f32 + b;
+            *v = s * ((w >> (BITS * i as u32)) & mask) as f32 + b;
         }
     }
+}
+
+/// All ones when `c` holds, else zero: lets the decoders below select without branches, which
+/// keeps their loops vectorised.
+#[inline(always)]
+fn mask(c: bool) -> u32 {
+    (c as u32).wrapping_neg()
+}
+
+/// E2M1 decoded arithmetically (a table lookup would not vectorise): magnitudes 2..7 are a
+/// normal float with exponent `126 + e` and one mantissa bit; 0 and 1 are 0.0 and 0.5.
+#[inline(always)]
+fn e2m1_bits(code: u32) -> f32 {
+    let mag = code & 7;
+    let normal = (mag << 22) + (126 << 23);
+    let small = (mag & 1) * 0x3F00_0000; // used for 0 → 0.0 and 1 → 0.5 only
+    let m = mask(mag >= 2);
+    f32::from_bits((normal & m) | (small & !m) | ((code & 8) << 28))
+}
+
+/// E4M3 decoded arithmetically: normals rebias the exponent (+120), subnormals are m · 2^-9,
+/// and `S.1111.111` is NaN (as in [`e4m3_to_f32`]).
+#[inline(always)]
+fn e4m3_bits(code: u32) -> f32 {
+    let mag = code & 0x7F;
+    let normal = (mag << 20) + (120 << 23);
+    let sub = (mag as f32 * (1.0 / 512.0)).to_bits();
+    let m = mask(mag >= 8);
+    let nan = mask(mag == 0x7F) & 0x7FC0_0000;
+    f32::from_bits((normal & m) | (sub & !m) | nan | ((code & 0x80) << 24))
 }
 
 /// One group of 3/5/6-bit affine codes, read as a continuous little-end-first bit stream (a

@@ -7,8 +7,13 @@
 //!   the rows into a thread-local f32 buffer (dense f32 is read in place) and run one
 //!   single-threaded `gemm` over all input rows and the tile's full K;
 //! - decode (a few input rows): per chunk of [`ROW_CHUNK`] weight rows, widen each row a span
-//!   of [`SPAN`] columns at a time into a stack buffer and fold it into 16 fixed lanes per input
-//!   row, so the weight streams from memory exactly once and never lands in a big buffer.
+//!   of [`SPAN`] columns at a time into a stack buffer and fold it into [`LANES`] fixed lanes per
+//!   input row, so the weight streams from memory exactly once and never lands in a big buffer.
+//!   4-bit affine weights on AVX2 CPUs take a fused kernel instead (`qmatvec_avx2`) that skips
+//!   the widened values altogether.
+//!
+//! The two kernels round differently, so a row's result may differ in the last bits between a
+//! call with M ≤ 4 and one with more rows; each is deterministic on its own.
 
 use std::cell::RefCell;
 
@@ -148,20 +153,11 @@ fn decode_tile(w: &WeightRows, r0: usize, buf: &mut [f32]) {
     w.decode_rows(r0, buf)
 }
 
-fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+/// Runs `per_chunk(r0, r1)` over fixed chunks of [`ROW_CHUNK`] weight rows, in parallel when
+/// the weight is large enough to pay for it.
+fn for_each_row_chunk(w: &WeightRows, per_chunk: impl Fn(usize, usize) + Sync + Send) {
     let n = w.rows();
-    let dst = OutPtr(out.as_mut_ptr());
-    let chunk = |c: usize| {
-        let r0 = c * ROW_CHUNK;
-        let r1 = (r0 + ROW_CHUNK).min(n);
-        #[cfg(target_arch = "x86_64")]
-        if simd::has_avx2() {
-            // SAFETY: AVX2 is present; the chunk writes only output columns r0..r1.
-            return unsafe { simd::matvec_rows_avx2(xs, m, w, r0, r1, dst) };
-        }
-        // SAFETY: the chunk writes only output columns r0..r1.
-        unsafe { matvec_rows(xs, m, w, r0, r1, dst) }
-    };
+    let chunk = |c: usize| per_chunk(c * ROW_CHUNK, ((c + 1) * ROW_CHUNK).min(n));
     let chunks = n.div_ceil(ROW_CHUNK);
     if n * w.cols() < PARALLEL_MIN_ELEMS {
         (0..chunks).for_each(chunk);
@@ -170,15 +166,52 @@ fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
     }
 }
 
+fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+    let dst = OutPtr(out.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(a4), true) = (w.affine4(), simd::has_avx2()) {
+        let (n, k) = (w.rows(), w.cols());
+        let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
+        return for_each_row_chunk(w, |r0, r1| {
+            let mut row = [0.0f32; 4];
+            for r in r0..r1 {
+                // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums, and
+                // r < n.
+                unsafe { super::qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
+                for (i, &v) in row[..m].iter().enumerate() {
+                    // SAFETY: column r belongs to this chunk alone.
+                    unsafe { *dst.at(i * n + r) = v };
+                }
+            }
+        });
+    }
+    for_each_row_chunk(w, |r0, r1| {
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2() {
+            // SAFETY: AVX2 is present; the chunk writes only output columns r0..r1.
+            return unsafe { simd::matvec_rows_avx2(xs, m, w, r0, r1, dst) };
+        }
+        // SAFETY: the chunk writes only output columns r0..r1.
+        unsafe { matvec_rows::<false>(xs, m, w, r0, r1, dst) }
+    });
+}
+
 /// Columns decoded at a time by the decode kernel: a multiple of every group size, so spans
 /// never split a group, and small enough to live on the stack.
 const SPAN: usize = 128;
 
 /// Output columns `r0..r1` for all `m` input rows: each weight row is decoded one span at a
-/// time into a stack buffer and folded into 16 lanes per input row, so the weight is read
+/// time into a stack buffer and folded into [`LANES`] lanes per input row, so the weight is read
 /// once and the partial sums stay in registers. Safety: no other thread writes those columns.
 #[inline(always)]
-unsafe fn matvec_rows(xs: &[f32], m: usize, w: &WeightRows, r0: usize, r1: usize, dst: OutPtr) {
+unsafe fn matvec_rows<const AVX2: bool>(
+    xs: &[f32],
+    m: usize,
+    w: &WeightRows,
+    r0: usize,
+    r1: usize,
+    dst: OutPtr,
+) {
     let (n, k) = (w.rows(), w.cols());
     let mut buf = [0.0f32; SPAN];
     let mut acc = [[0.0f32; LANES]; DECODE_MAX_M];
@@ -191,8 +224,17 @@ unsafe fn matvec_rows(xs: &[f32], m: usize, w: &WeightRows, r0: usize, r1: usize
             let span: &[f32] = match w.f32_rows(r, 1) {
                 Some(row) => &row[c0..c0 + len],
                 None => {
-                    w.decode_span(r, c0, &mut buf[..len]);
-                    &buf[..len]
+                    let out = &mut buf[..len];
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 {
+                        // SAFETY: the AVX2 path is only taken on CPUs that have it.
+                        unsafe { w.decode_span_avx2(r, c0, out) };
+                    } else {
+                        w.decode_span(r, c0, out);
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    w.decode_span(r, c0, out);
+                    out
                 }
             };
             for (i, a) in acc.iter_mut().enumerate() {
@@ -207,9 +249,10 @@ unsafe fn matvec_rows(xs: &[f32], m: usize, w: &WeightRows, r0: usize, r1: usize
     }
 }
 
+/// Independent partial sums per input row: enough vector accumulators to hide add latency.
 const LANES: usize = 32;
 
-/// `acc[j % 16] += a[j]·b[j]` in order. Spans are multiples of 16 except a dense row's last,
+/// `acc[j % LANES] += a[j]·b[j]` in order. Spans are multiples of LANES except a dense row's last,
 /// so lane j always receives the same products in the same order, whatever the vector width.
 #[inline(always)]
 fn fold_lanes(acc: &mut [f32; LANES], a: &[f32], b: &[f32]) {
@@ -225,7 +268,7 @@ fn fold_lanes(acc: &mut [f32; LANES], a: &[f32], b: &[f32]) {
     }
 }
 
-/// The 16 lanes summed in a fixed tree.
+/// The lanes summed in a fixed tree.
 #[inline(always)]
 fn sum_lanes(acc: &[f32; LANES]) -> f32 {
     let mut acc = *acc;
@@ -251,7 +294,7 @@ mod simd {
 
     #[target_feature(enable = "avx2")]
     pub unsafe fn decode_rows_avx2(w: &WeightRows, r0: usize, buf: &mut [f32]) {
-        w.decode_rows(r0, buf)
+        unsafe { w.decode_rows_avx2(r0, buf) }
     }
 
     #[target_feature(enable = "avx2")]
@@ -263,7 +306,7 @@ mod simd {
         r1: usize,
         dst: OutPtr,
     ) {
-        unsafe { super::matvec_rows(xs, m, w, r0, r1, dst) }
+        unsafe { super::matvec_rows::<true>(xs, m, w, r0, r1, dst) }
     }
 }
 

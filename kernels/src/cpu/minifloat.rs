@@ -46,7 +46,7 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let a = f32::from_bits(bits & 0x7FFF_FFFF);
-    if !(a < 448.0) {
+    if a >= 448.0 || a.is_nan() {
         return 0x7E | sign;
     }
     if a < 1.0 / 64.0 {

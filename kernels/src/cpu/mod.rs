@@ -5,6 +5,10 @@
 pub mod attention;
 pub mod binary;
 pub mod dequant;
+#[cfg(target_arch = "x86_64")]
+mod dequant_avx2;
+#[cfg(target_arch = "x86_64")]
+mod qmatvec_avx2;
 pub mod gdn;
 pub mod matmul;
 pub mod minifloat;

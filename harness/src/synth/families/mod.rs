@@ -2,6 +2,7 @@
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
 mod qwen3;
+mod qwen3_5;
 
 use anyhow::{bail, Result};
 
@@ -20,7 +21,7 @@ pub trait Family: Sync {
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan>;
 }
 
-const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3];
+const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3, &qwen3_5::Qwen3_5];
 
 pub fn all() -> &'static [&'static dyn Family] {
     FAMILIES
@@ -31,10 +32,7 @@ pub fn find(name: &str) -> Result<&'static dyn Family> {
         Some(f) => Ok(*f),
         None => {
             let known: Vec<&str> = FAMILIES.iter().map(|f| f.name()).collect();
-            bail!(
-                "unknown model family `{name}`; known: {}",
-                known.join(", ")
-            )
+            bail!("unknown model family `{name}`; known: {}", known.join(", "))
         }
     }
 }

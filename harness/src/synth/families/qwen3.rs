@@ -63,10 +63,10 @@ const NORM_NOISE: f32 = 0.05;
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 /// Qwen2/Qwen3's pre-tokenizer split pattern (from their tokenizer.json).
-const SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(super) const SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Qwen's plain ChatML template (no tools, no thinking blocks).
-const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
+pub(super) const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
 {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
@@ -93,7 +93,11 @@ impl super::Family for Qwen3 {
             tokenizer_class: "Qwen2Tokenizer".into(),
             model_max_length: d.max_positions,
         };
-        let id = |t: &str| tokenizer.special_id(t).expect("Qwen3's specials are in the plan");
+        let id = |t: &str| {
+            tokenizer
+                .special_id(t)
+                .expect("Qwen3's specials are in the plan")
+        };
         let (endoftext, im_end) = (id("<|endoftext|>"), id("<|im_end|>"));
 
         let mut config = json!({
@@ -147,7 +151,12 @@ impl super::Family for Qwen3 {
 
 fn tensors(d: &Dims) -> Vec<TensorPlan> {
     let linear = |name: String, out: usize, inp: usize| {
-        TensorPlan::new(name, &[out, inp], Init::normal(1.0 / (inp as f32).sqrt()), Store::Matrix)
+        TensorPlan::new(
+            name,
+            &[out, inp],
+            Init::normal(1.0 / (inp as f32).sqrt()),
+            Store::Matrix,
+        )
     };
     let norm = |name: String, n: usize| {
         TensorPlan::new(name, &[n], Init::around(1.0, NORM_NOISE), Store::Float)
@@ -185,9 +194,17 @@ fn tensors(d: &Dims) -> Vec<TensorPlan> {
             linear(format!("{p}.self_attn.o_proj.weight"), d.hidden, q_dim),
             norm(format!("{p}.self_attn.q_norm.weight"), d.head_dim),
             norm(format!("{p}.self_attn.k_norm.weight"), d.head_dim),
-            linear(format!("{p}.mlp.gate_proj.weight"), d.intermediate, d.hidden),
+            linear(
+                format!("{p}.mlp.gate_proj.weight"),
+                d.intermediate,
+                d.hidden,
+            ),
             linear(format!("{p}.mlp.up_proj.weight"), d.intermediate, d.hidden),
-            linear(format!("{p}.mlp.down_proj.weight"), d.hidden, d.intermediate),
+            linear(
+                format!("{p}.mlp.down_proj.weight"),
+                d.hidden,
+                d.intermediate,
+            ),
         ]);
     }
     t

@@ -114,7 +114,11 @@ impl Workspace {
             let b = self.beta[i];
             for j in 0..n {
                 p[i * n + j] = if j <= i { p[i * n + j] * dec[j] } else { 0.0 };
-                a[i * n + j] = if j < i { b * a[i * n + j] * dec[j] } else { 0.0 };
+                a[i * n + j] = if j < i {
+                    b * a[i * n + j] * dec[j]
+                } else {
+                    0.0
+                };
             }
         }
         unit_lower_inverse(a, n, &mut self.m);
@@ -148,7 +152,17 @@ impl Workspace {
         // [o; Δ] = [0; U] − [−e^G⊙q; W] Sᵀ = [e^G⊙(q Sᵀ); U − W Sᵀ].
         let s_rows = View::rows(s, dk);
         let qw = View::rows(&self.kq[..2 * n * dk], dk);
-        mat_mul(&mut self.od, dv, 2 * n, dv, dk, Some(1.0), qw, s_rows.t(), -1.0);
+        mat_mul(
+            &mut self.od,
+            dv,
+            2 * n,
+            dv,
+            dk,
+            Some(1.0),
+            qw,
+            s_rows.t(),
+            -1.0,
+        );
 
         // o += P Δ.
         let (o, delta) = self.od[..2 * n * dv].split_at_mut(n * dv);
@@ -211,7 +225,11 @@ struct View<'a> {
 
 impl<'a> View<'a> {
     fn rows(data: &'a [f32], ld: usize) -> Self {
-        View { data, rs: ld, cs: 1 }
+        View {
+            data,
+            rs: ld,
+            cs: 1,
+        }
     }
 
     /// The transpose, without moving anything.

@@ -8,7 +8,12 @@ use crate::{Result, Tensor};
 /// `x` `[T, C]` f32, `weight` `[C, K]` any float dtype, `state` `[K−1, C]` f32 (the inputs
 /// before `x`). `out[t][c] = Σ_j weight[c][j] · [state; x][t + j][c]`, optionally through SiLU;
 /// `state` becomes the last `K − 1` rows of `[state; x]`.
-pub fn causal_conv1d(x: &Tensor, weight: &Tensor, state: &mut Tensor, silu: bool) -> Result<Tensor> {
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    state: &mut Tensor,
+    silu: bool,
+) -> Result<Tensor> {
     let (t, c, kw) = (x.dim(0), x.dim(1), weight.dim(1));
     let hist = kw - 1;
     let xs = x.f32s()?;

@@ -1,0 +1,581 @@
+//! Qwen3.5 dense: a hybrid of Gated DeltaNet linear attention and gated full attention
+//! (three linear layers, then one full, by default), SwiGLU MLPs, pre-norm blocks, and an
+//! optional MTP head (`mtp.*`) kept for speculative decoding.
+//!
+//! Facts checked against mlx-lm 0.32 (`qwen3_5.py`, `qwen3_next.py`, `gated_delta.py`) and
+//! transformers 5.24 (`modeling_qwen3_5.py`, `configuration_qwen3_5.py`):
+//! - a layer is full attention when `(i + 1) % full_attention_interval == 0` (mlx-lm); transformers
+//!   reads `layer_types` when the config lists it, else builds it from the same rule;
+//! - full attention: `q_proj` gives `[query | gate]` per head, per-head q/k RMSNorm, RoPE on the
+//!   first `int(head_dim · partial_rotary_factor)` dims (half-split pairs), output ×
+//!   `sigmoid(gate)` before `o_proj`; `rope_theta` and `partial_rotary_factor` live in
+//!   `rope_parameters` (mlx-lm's defaults: 100000 and 0.25);
+//! - tensor names: the text model sits under `language_model.model.*` (+ `language_model.lm_head`)
+//!   in mlx-lm folders, `model.language_model.*` (+ top-level `lm_head`, `mtp.*`) in original
+//!   multimodal ones and `model.*` (+ `lm_head`) in text-only ones — see [`Layout`].
+
+use anyhow::{bail, ensure, Result};
+use kernels::{ops, ops::RopeLayout, Tensor, Weight};
+use serde_json::Value;
+
+use super::{CausalLm, ModelInfo};
+use crate::cache::{KvCache, LayerState, ModelState};
+use crate::config::ModelConfig;
+use crate::layers::{
+    AttentionConfig, GatedDeltaNet, GdnConfig, GdnPath, GqaAttention, Linear, RmsNorm, Rope, SwiGlu,
+};
+use crate::weights::WeightStore;
+
+/// Where a folder keeps the text model's tensors: the one place names are mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Written by mlx-lm: `language_model.model.*`, `language_model.lm_head`.
+    Mlx,
+    /// Original multimodal checkpoint: `model.language_model.*`, `lm_head`, `mtp.*`.
+    Hf,
+    /// Original text-only checkpoint (`Qwen3_5ForCausalLM`): `model.*`, `lm_head`, `mtp.*`.
+    HfText,
+}
+
+impl Layout {
+    const ALL: [Layout; 3] = [Layout::Mlx, Layout::Hf, Layout::HfText];
+
+    /// Prefix of `embed_tokens`, `layers.N` and `norm`.
+    pub fn model_prefix(self) -> &'static str {
+        match self {
+            Layout::Mlx => "language_model.model",
+            Layout::Hf => "model.language_model",
+            Layout::HfText => "model",
+        }
+    }
+
+    pub fn lm_head(self) -> &'static str {
+        match self {
+            Layout::Mlx => "language_model.lm_head",
+            Layout::Hf | Layout::HfText => "lm_head",
+        }
+    }
+
+    /// mlx-lm drops `mtp.*` when converting; original folders keep it at the top level.
+    pub fn mtp_prefix(self) -> &'static str {
+        match self {
+            Layout::Mlx => "language_model.mtp",
+            Layout::Hf | Layout::HfText => "mtp",
+        }
+    }
+
+    /// The layout whose embedding table the folder holds.
+    pub fn detect(store: &WeightStore) -> Result<Layout> {
+        for l in Layout::ALL {
+            if store.contains(&format!("{}.embed_tokens.weight", l.model_prefix())) {
+                return Ok(l);
+            }
+        }
+        let tried: Vec<String> = Layout::ALL
+            .iter()
+            .map(|l| format!("`{}.embed_tokens.weight`", l.model_prefix()))
+            .collect();
+        bail!(
+            "{}: not a Qwen3.5 layout: none of {} is present",
+            store.dir().display(),
+            tried.join(", ")
+        )
+    }
+}
+
+/// Whether the folder stores the 1-D RMSNorm weights of the decoder (input, post-attention,
+/// final, q/k norms — not the gated norm inside Gated DeltaNet) as `w − 1`. Original checkpoints
+/// do (transformers' `Qwen3_5RMSNorm` computes `x̂·(1 + w)`); mlx-lm adds the 1 when it converts.
+/// mlx-lm decides exactly as here: a conv1d weight whose last axis is not 1 is still in the
+/// original `[C, 1, K]` layout, so the folder was never converted and its norms need `+1`.
+pub fn norms_are_offset(store: &WeightStore, layout: Layout) -> bool {
+    let layers = format!("{}.layers.", layout.model_prefix());
+    store.names().iter().any(|n| {
+        n.starts_with(&layers)
+            && n.ends_with("conv1d.weight")
+            && store
+                .info(n)
+                .is_some_and(|(_, shape)| shape.last() != Some(&1))
+    })
+}
+
+/// Token mixer of one decoder layer. One per layer, so the variants' size difference costs
+/// nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Linear(GatedDeltaNet),
+    Full(GqaAttention),
+}
+
+/// One pre-norm decoder layer: `x + mixer(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub input_norm: RmsNorm,
+    pub mixer: Mixer,
+    pub post_norm: RmsNorm,
+    pub mlp: SwiGlu,
+}
+
+impl DecoderLayer {
+    pub fn forward(&self, x: &Tensor, state: &mut LayerState, gdn: GdnPath) -> Result<Tensor> {
+        let h = self.input_norm.forward(x)?;
+        let h = match &self.mixer {
+            Mixer::Linear(g) => g.forward(&h, state.recurrent_mut()?, gdn)?,
+            Mixer::Full(a) => a.forward(&h, state.kv_mut()?)?,
+        };
+        let x = ops::add(x, &h)?;
+        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        Ok(ops::add(&x, &h)?)
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        let mut w: Vec<&Weight> = match &self.mixer {
+            Mixer::Linear(g) => g.linears().iter().map(|l| &l.weight).collect(),
+            Mixer::Full(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .iter()
+                .map(|l| &l.weight)
+                .collect(),
+        };
+        w.extend([
+            &self.mlp.gate.weight,
+            &self.mlp.up.weight,
+            &self.mlp.down.weight,
+        ]);
+        w
+    }
+
+    /// Parameters outside the weight matrices.
+    fn other_parameters(&self) -> usize {
+        let norms = self.input_norm.weight.numel() + self.post_norm.weight.numel();
+        norms
+            + match &self.mixer {
+                Mixer::Linear(g) => g.other_parameters(),
+                Mixer::Full(a) => [&a.q_norm, &a.k_norm]
+                    .iter()
+                    .flat_map(|n| n.as_ref())
+                    .map(|n| n.weight.numel())
+                    .sum(),
+            }
+    }
+}
+
+/// The multi-token-prediction head of original checkpoints (used by speculative decoding; the
+/// LM head is shared with the main model). It drafts from `fc([norm_e(embed(next)) |
+/// norm_h(hidden)])` through full-attention layers and `norm`.
+#[derive(Debug, Clone)]
+pub struct MtpHead {
+    /// `[hidden, 2·hidden]`.
+    pub fc: Linear,
+    pub pre_fc_norm_embedding: RmsNorm,
+    pub pre_fc_norm_hidden: RmsNorm,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+}
+
+/// Hyperparameters read from config.json (inside `text_config` when nested).
+#[derive(Debug, Clone)]
+struct Shape {
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    inter: usize,
+    vocab: usize,
+    eps: f32,
+    context: usize,
+    gdn: GdnConfig,
+    full_attention: Vec<bool>,
+    rope: Rope,
+    tied: bool,
+}
+
+impl Shape {
+    fn read(cfg: &ModelConfig) -> Result<Shape> {
+        let file = cfg.dir.join("config.json");
+        let file = file.display();
+        let hidden = cfg.usize("hidden_size")?;
+        let layers = cfg.usize("num_hidden_layers")?;
+        let heads = cfg.usize("num_attention_heads")?;
+        let kv_heads = cfg.usize_or("num_key_value_heads", heads)?;
+        let head_dim = cfg.usize_or("head_dim", hidden / heads.max(1))?;
+        ensure!(
+            heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+            "{file}: fields `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})"
+        );
+        if cfg.usize_or("num_experts", 0)? > 0 {
+            bail!("{file}: field `num_experts` > 0 describes Qwen3.5 MoE (model_type qwen3_5_moe), not the dense family");
+        }
+        if cfg.bool_or("attention_bias", false)? {
+            bail!("{file}: field `attention_bias` = true is not supported (Qwen3.5 has no attention biases)");
+        }
+        let gdn = GdnConfig {
+            hidden,
+            k_heads: cfg.usize("linear_num_key_heads")?,
+            v_heads: cfg.usize("linear_num_value_heads")?,
+            k_dim: cfg.usize("linear_key_head_dim")?,
+            v_dim: cfg.usize("linear_value_head_dim")?,
+            conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
+        };
+        ensure!(
+            gdn.k_heads > 0 && gdn.k_dim > 0 && gdn.v_dim > 0 && gdn.v_heads.is_multiple_of(gdn.k_heads) && gdn.conv_kernel > 0,
+            "{file}: `linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({}), and the linear head dims and `linear_conv_kernel_dim` positive",
+            gdn.v_heads,
+            gdn.k_heads
+        );
+        Ok(Shape {
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            inter: cfg.usize("intermediate_size")?,
+            vocab: cfg.usize("vocab_size")?,
+            eps: cfg.f64_or("rms_norm_eps", 1e-6)? as f32,
+            context: cfg.usize_or("max_position_embeddings", 32_768)?,
+            gdn,
+            full_attention: layer_kinds(cfg, layers)?,
+            rope: rope(cfg, head_dim)?,
+            tied: cfg.bool_or("tie_word_embeddings", false)?,
+        })
+    }
+}
+
+/// Which layers are full attention: `layer_types` when listed (it must agree with
+/// `full_attention_interval` when both are given, since mlx-lm only reads the interval),
+/// else every `full_attention_interval`-th layer (default 4).
+fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<bool>> {
+    let file = cfg.dir.join("config.json");
+    let file = file.display();
+    let interval = cfg.usize_or("full_attention_interval", 4)?;
+    ensure!(
+        interval > 0,
+        "{file}: field `full_attention_interval` must be at least 1"
+    );
+    let from_interval: Vec<bool> = (0..layers).map(|i| (i + 1) % interval == 0).collect();
+    let Some(types) = cfg.opt("layer_types") else {
+        return Ok(from_interval);
+    };
+    let Some(types) = types.as_array().filter(|t| t.len() == layers) else {
+        bail!("{file}: field `layer_types` must be a list of {layers} strings (one per layer)");
+    };
+    let mut kinds = Vec::with_capacity(layers);
+    for (i, t) in types.iter().enumerate() {
+        kinds.push(match t.as_str() {
+            Some("full_attention") => true,
+            Some("linear_attention") => false,
+            _ => bail!("{file}: field `layer_types[{i}]` must be \"linear_attention\" or \"full_attention\", got {t}"),
+        });
+    }
+    if cfg.opt("full_attention_interval").is_some() && kinds != from_interval {
+        bail!("{file}: fields `layer_types` and `full_attention_interval` ({interval}) describe different layer patterns");
+    }
+    Ok(kinds)
+}
+
+/// RoPE over the first `int(head_dim · partial_rotary_factor)` dims. Text-only positions are
+/// the same on all three mRoPE sections, so `mrope` is plain RoPE here.
+fn rope(cfg: &ModelConfig, head_dim: usize) -> Result<Rope> {
+    let file = cfg.dir.join("config.json");
+    let file = file.display();
+    let params = cfg
+        .opt("rope_parameters")
+        .or_else(|| cfg.opt("rope_scaling"));
+    let field = |key: &str| -> Option<&Value> {
+        params
+            .and_then(|p| p.get(key))
+            .filter(|v| !v.is_null())
+            .or_else(|| cfg.opt(key))
+    };
+    let num = |key: &str, default: f64| -> Result<f64> {
+        match field(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| anyhow::anyhow!("{file}: field `{key}` must be a number, got {v}")),
+        }
+    };
+    let theta = num("rope_theta", 100_000.0)?;
+    let partial = num("partial_rotary_factor", 0.25)?;
+    let kind = params
+        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    if kind != "default" && kind != "mrope" {
+        bail!("{file}: field `rope_parameters.rope_type` = {kind:?} is not supported yet");
+    }
+    let rot = (head_dim as f64 * partial) as usize;
+    ensure!(
+        partial > 0.0 && rot <= head_dim && rot >= 2 && rot.is_multiple_of(2),
+        "{file}: `partial_rotary_factor` {partial} × head_dim {head_dim} must give an even number of rotated dims in 2..={head_dim}"
+    );
+    ensure!(
+        theta > 0.0,
+        "{file}: field `rope_theta` must be positive, got {theta}"
+    );
+    Ok(Rope::new(theta, rot, RopeLayout::HalfSplit))
+}
+
+pub struct Qwen3_5 {
+    info: ModelInfo,
+    layout: Layout,
+    norms_offset: bool,
+    embed: Weight,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Weight,
+    mtp: Option<MtpHead>,
+    gdn: GdnConfig,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+/// Loads the pieces of one folder: its layout, norm convention and quantization.
+struct Loader<'a> {
+    store: &'a WeightStore,
+    cfg: &'a ModelConfig,
+    shape: &'a Shape,
+    offset: bool,
+}
+
+impl Loader<'_> {
+    /// A decoder RMSNorm (never the gated one), undoing the `w − 1` storage when present.
+    fn norm(&self, name: &str, dim: usize) -> Result<RmsNorm> {
+        if self.offset {
+            RmsNorm::load_offset(self.store, name, dim, self.shape.eps)
+        } else {
+            RmsNorm::load(self.store, name, dim, self.shape.eps)
+        }
+    }
+
+    fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
+        Linear::load(self.store, &self.cfg.quant, prefix, out, inp)
+    }
+
+    fn attention(&self, p: &str) -> Result<GqaAttention> {
+        let s = self.shape;
+        let (h, kvh, d) = (s.heads, s.kv_heads, s.head_dim);
+        Ok(GqaAttention {
+            cfg: AttentionConfig {
+                heads: h,
+                kv_heads: kvh,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                window: None,
+                softcap: None,
+            },
+            q_proj: self.linear(&format!("{p}.q_proj"), 2 * h * d, s.hidden)?,
+            k_proj: self.linear(&format!("{p}.k_proj"), kvh * d, s.hidden)?,
+            v_proj: self.linear(&format!("{p}.v_proj"), kvh * d, s.hidden)?,
+            o_proj: self.linear(&format!("{p}.o_proj"), s.hidden, h * d)?,
+            q_norm: Some(self.norm(&format!("{p}.q_norm.weight"), d)?),
+            k_norm: Some(self.norm(&format!("{p}.k_norm.weight"), d)?),
+            rope: s.rope.clone(),
+            output_gate: true,
+        })
+    }
+
+    fn layer(&self, p: &str, index: usize, full: bool) -> Result<DecoderLayer> {
+        let s = self.shape;
+        let mixer = if full {
+            Mixer::Full(self.attention(&format!("{p}.self_attn"))?)
+        } else {
+            Mixer::Linear(GatedDeltaNet::load(
+                self.store,
+                &self.cfg.quant,
+                &format!("{p}.linear_attn"),
+                s.gdn,
+                index,
+                s.eps,
+            )?)
+        };
+        Ok(DecoderLayer {
+            input_norm: self.norm(&format!("{p}.input_layernorm.weight"), s.hidden)?,
+            mixer,
+            post_norm: self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?,
+            mlp: SwiGlu::load(
+                self.store,
+                &self.cfg.quant,
+                &format!("{p}.mlp"),
+                s.hidden,
+                s.inter,
+            )?,
+        })
+    }
+
+    /// The MTP head when the folder holds `<prefix>.fc.weight`; its layers are counted from the
+    /// stored names (`mtp_num_hidden_layers` is 1 in released configs).
+    fn mtp(&self, prefix: &str) -> Result<Option<MtpHead>> {
+        if !self.store.contains(&format!("{prefix}.fc.weight")) {
+            return Ok(None);
+        }
+        let s = self.shape;
+        let layers_prefix = format!("{prefix}.layers.");
+        let count = self
+            .store
+            .names()
+            .iter()
+            .filter_map(|n| {
+                n.strip_prefix(&layers_prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |m| m + 1);
+        Ok(Some(MtpHead {
+            fc: self.linear(&format!("{prefix}.fc"), s.hidden, 2 * s.hidden)?,
+            pre_fc_norm_embedding: self
+                .norm(&format!("{prefix}.pre_fc_norm_embedding.weight"), s.hidden)?,
+            pre_fc_norm_hidden: self
+                .norm(&format!("{prefix}.pre_fc_norm_hidden.weight"), s.hidden)?,
+            layers: (0..count)
+                .map(|i| self.layer(&format!("{layers_prefix}{i}"), i, true))
+                .collect::<Result<_>>()?,
+            norm: self.norm(&format!("{prefix}.norm.weight"), s.hidden)?,
+        }))
+    }
+}
+
+impl Qwen3_5 {
+    pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Qwen3_5> {
+        let shape = Shape::read(cfg)?;
+        let layout = Layout::detect(store)?;
+        let offset = norms_are_offset(store, layout);
+        let ld = Loader {
+            store,
+            cfg,
+            shape: &shape,
+            offset,
+        };
+        let m = layout.model_prefix();
+        let s = &shape;
+        let embed_name = format!("{m}.embed_tokens");
+        let embed = store.weight(
+            &embed_name,
+            cfg.quant.spec_for(&embed_name),
+            s.vocab,
+            s.hidden,
+        )?;
+        let layers = (0..s.layers)
+            .map(|i| ld.layer(&format!("{m}.layers.{i}"), i, s.full_attention[i]))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = ld.norm(&format!("{m}.norm.weight"), s.hidden)?;
+        // Tied heads use the embedding even when a head is stored, as mlx-lm does.
+        let head = layout.lm_head();
+        let lm_head = if s.tied {
+            embed.clone()
+        } else {
+            store.weight(head, cfg.quant.spec_for(head), s.vocab, s.hidden)?
+        };
+        let mtp = ld.mtp(layout.mtp_prefix())?;
+
+        let mut all: Vec<&Weight> = vec![&embed];
+        let mut parameters = embed.numel() + norm.weight.numel();
+        for l in &layers {
+            all.extend(l.weights());
+            parameters += l.other_parameters();
+        }
+        if !s.tied {
+            all.push(&lm_head);
+        }
+        parameters += all[1..].iter().map(|w| w.numel()).sum::<usize>();
+        let info = ModelInfo {
+            family: "qwen3_5".into(),
+            parameters,
+            weight_formats: super::formats(all),
+            layer_kinds: s
+                .full_attention
+                .iter()
+                .map(|&f| {
+                    if f {
+                        "full_attention"
+                    } else {
+                        "linear_attention"
+                    }
+                    .to_string()
+                })
+                .collect(),
+            context_length: s.context,
+            vocab_size: s.vocab,
+            hidden_size: s.hidden,
+        };
+        Ok(Qwen3_5 {
+            info,
+            layout,
+            norms_offset: offset,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            mtp,
+            gdn: s.gdn,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+        })
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Whether the folder stored its decoder norms as `w − 1` (undone at load).
+    pub fn norms_offset(&self) -> bool {
+        self.norms_offset
+    }
+
+    pub fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp.as_ref()
+    }
+
+    pub fn embedding(&self) -> &Weight {
+        &self.embed
+    }
+
+    pub fn lm_head(&self) -> &Weight {
+        &self.lm_head
+    }
+}
+
+impl CausalLm for Qwen3_5 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> ModelState {
+        ModelState::new(
+            self.layers
+                .iter()
+                .map(|l| match l.mixer {
+                    Mixer::Linear(_) => LayerState::Recurrent(self.gdn.new_state()),
+                    Mixer::Full(_) => LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)),
+                })
+                .collect(),
+        )
+    }
+
+    fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
+        ensure!(!ids.is_empty(), "forward needs at least one token");
+        ensure!(
+            state.layers.len() == self.layers.len(),
+            "the state has {} layers but the model {} (a state from another model?)",
+            state.layers.len(),
+            self.layers.len()
+        );
+        let path = state.gdn_path;
+        let mut x = ops::embedding(&self.embed, ids)?;
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            x = layer.forward(&x, ls, path)?;
+        }
+        state.pos += ids.len();
+        let x = if all_logits {
+            x
+        } else {
+            x.narrow0(ids.len() - 1, 1)?
+        };
+        let x = self.norm.forward(&x)?;
+        Ok(ops::matmul(&x, &self.lm_head)?)
+    }
+}

@@ -1,0 +1,2 @@
+//! TTFT benchmark (being written).
+fn main() {}

@@ -1,0 +1,179 @@
+//! The golden matrix: family × weight format × path × prompt, one table. Adding a family or a
+//! path is one line in [`MATRIX`]; adding a prompt is one entry in [`PROMPTS`].
+
+use std::fmt;
+
+use anyhow::{bail, Result};
+use engine::Pipeline;
+
+use crate::paths::{parse_path, PathSpec};
+use crate::synth::families;
+use crate::synth::{Format, Size, SynthSpec};
+
+/// Tokens generated per case (T=0, stop tokens ignored, so every case produces exactly this many).
+pub const MAX_TOKENS: usize = 24;
+
+/// Every weight format the synthesiser writes.
+const ALL_FORMATS: &[Format] = &[
+    Format::F32,
+    Format::Bf16,
+    Format::Q4,
+    Format::Q8,
+    Format::Mxfp4,
+    Format::Nvfp4,
+    Format::Mxfp8,
+];
+
+/// One row of the matrix: a family on `tiny` checkpoints in each format, run on each path.
+pub struct Row {
+    pub family: &'static str,
+    pub formats: &'static [Format],
+    pub paths: &'static [&'static str],
+}
+
+pub const MATRIX: &[Row] = &[
+    Row {
+        family: "qwen3",
+        formats: ALL_FORMATS,
+        paths: &["default"],
+    },
+    Row {
+        family: "qwen3_5",
+        formats: ALL_FORMATS,
+        paths: &["gdn=perstep", "gdn=chunked"],
+    },
+];
+
+/// A fixed prompt: `text` encoded by the checkpoint's tokenizer (no chat template), repeated
+/// until it reaches `tokens` ids and cut there, or used as encoded when `tokens` is `None`.
+pub struct Prompt {
+    pub name: &'static str,
+    pub text: &'static str,
+    pub tokens: Option<usize>,
+}
+
+pub const PROMPTS: &[Prompt] = &[
+    Prompt {
+        name: "short",
+        text: "The engineers measured how long the engine took to answer, and wrote it down.",
+        tokens: None,
+    },
+    // Longer than the Gated DeltaNet chunk (64) and not a multiple of it, so chunked prefill
+    // runs two full chunks and a padded tail.
+    Prompt {
+        name: "long",
+        text: "A lighthouse keeper kept a notebook of every ship that passed the point: the hour, \
+               the wind, the colour of the hull and the name painted on the bow when the light \
+               allowed him to read it. Over forty winters the notebook grew into a shelf of them, \
+               and the harbour office came to trust his shelf more than its own ledgers. ",
+        tokens: Some(150),
+    },
+];
+
+impl Prompt {
+    /// The prompt's ids under `pipeline`'s tokenizer.
+    pub fn ids(&self, pipeline: &Pipeline) -> Result<Vec<u32>> {
+        let once = pipeline.tokenizer.encode(self.text, true)?;
+        let Some(n) = self.tokens else {
+            return Ok(once);
+        };
+        if once.is_empty() {
+            bail!("golden prompt `{}` encodes to no tokens", self.name);
+        }
+        Ok(once.iter().copied().cycle().take(n).collect())
+    }
+}
+
+/// One golden: a synthetic checkpoint, a path and a prompt.
+pub struct Case {
+    pub spec: SynthSpec,
+    pub path: PathSpec,
+    pub prompt: &'static Prompt,
+}
+
+impl Case {
+    /// `SPEC/PATH/PROMPT`, e.g. `qwen3:tiny:q4:mlx/default/short`; what `--filter` matches.
+    pub fn id(&self) -> String {
+        format!("{}/{}/{}", self.spec, self.path, self.prompt.name)
+    }
+
+    /// The golden's file name: the id with only `[A-Za-z0-9_.-]`, e.g.
+    /// `qwen3-tiny-q4-mlx.default.short.json`.
+    pub fn file_name(&self) -> String {
+        let clean = |s: String| s.replace([':', '@'], "-").replace('=', "-").replace('+', "_");
+        format!(
+            "{}.{}.{}.json",
+            clean(self.spec.to_string()),
+            clean(self.path.to_string()),
+            self.prompt.name
+        )
+    }
+
+    /// Whether `filter` (a substring; empty or `None` matches all) selects this case, by id or
+    /// by file name.
+    pub fn matches(&self, filter: Option<&str>) -> bool {
+        match filter {
+            None | Some("") => true,
+            Some(f) => self.id().contains(f) || self.file_name().contains(f),
+        }
+    }
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.id())
+    }
+}
+
+/// The cases `filter` selects, in table order, and one note per matrix row skipped because the
+/// synthesiser does not know its family yet.
+pub fn cases(filter: Option<&str>) -> Result<(Vec<Case>, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for row in MATRIX {
+        if families::find(row.family).is_err() {
+            skipped.push(format!(
+                "family {} (harness synth cannot write it yet)",
+                row.family
+            ));
+            continue;
+        }
+        for &format in row.formats {
+            let spec = SynthSpec::new(row.family, Size::Tiny, format);
+            for path in row.paths {
+                let path = parse_path(path)?;
+                for prompt in PROMPTS {
+                    let case = Case {
+                        spec: spec.clone(),
+                        path,
+                        prompt,
+                    };
+                    if case.matches(filter) {
+                        out.push(case);
+                    }
+                }
+            }
+        }
+    }
+    Ok((out, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_file_names_are_unique_and_filterable() {
+        let (all, _) = cases(None).unwrap();
+        let mut names: Vec<String> = all.iter().map(Case::file_name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        assert!(names
+            .iter()
+            .all(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))));
+        let (q4, _) = cases(Some("qwen3:tiny:q4")).unwrap();
+        assert_eq!(q4.len(), PROMPTS.len(), "only qwen3 (not qwen3_5) in q4");
+        assert_eq!(q4[0].file_name(), "qwen3-tiny-q4-mlx.default.short.json");
+    }
+}

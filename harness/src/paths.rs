@@ -1,0 +1,133 @@
+//! Execution paths: the engine's alternative ways of computing the same model (Gated DeltaNet
+//! per step or chunked, and later paged KV, MTP, ...), named on the command line as
+//! `KEY=VALUE[+KEY=VALUE...]` or `default`, e.g. `gdn=perstep`, `gdn=chunked`. Goldens, parity
+//! and sweeps all select paths through [`PathSpec`], so a new path is one new key here.
+//!
+//! A path is applied to the request (or the model state) directly; the harness never selects
+//! paths through environment variables, so two paths can run side by side in one process.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Result};
+use engine::cache::ModelState;
+use engine::layers::GdnPath;
+use engine::RequestOptions;
+
+/// The keys a path spec may set, with their values, for error messages and `--help`.
+pub const VALID_PATHS: &str = "default, gdn=auto|perstep|chunked (combine keys with `+`)";
+
+/// One execution path. Unset keys take the engine's built-in default (never the environment).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathSpec {
+    /// Gated DeltaNet: per step, chunked, or by prompt length (`auto`).
+    pub gdn: Option<GdnPath>,
+}
+
+/// Parses one path: `default`, or `KEY=VALUE` pairs joined by `+`.
+pub fn parse_path(s: &str) -> Result<PathSpec> {
+    let s = s.trim();
+    let mut spec = PathSpec::default();
+    if s == "default" {
+        return Ok(spec);
+    }
+    if s.is_empty() {
+        bail!("empty path; valid paths: {VALID_PATHS}");
+    }
+    for part in s.split('+') {
+        let Some((key, value)) = part.split_once('=') else {
+            bail!("bad path `{part}` in `{s}`: expected KEY=VALUE; valid paths: {VALID_PATHS}");
+        };
+        match key.trim() {
+            "gdn" => {
+                if spec.gdn.is_some() {
+                    bail!("path `{s}` sets `gdn` twice");
+                }
+                let v = GdnPath::from_str(value.trim()).map_err(|_| {
+                    anyhow::anyhow!("unknown value `{value}` for path key `gdn` in `{s}`; expected one of: auto, perstep, chunked")
+                })?;
+                spec.gdn = Some(v);
+            }
+            other => bail!("unknown path key `{other}` in `{s}`; valid paths: {VALID_PATHS}"),
+        }
+    }
+    Ok(spec)
+}
+
+/// Parses a comma-separated list of paths, e.g. `gdn=perstep,gdn=chunked`.
+pub fn parse_paths(s: &str) -> Result<Vec<PathSpec>> {
+    let paths = s.split(',').map(parse_path).collect::<Result<Vec<_>>>()?;
+    Ok(paths)
+}
+
+impl PathSpec {
+    /// The GDN path this spec runs: its own, else the engine's built-in `auto`.
+    pub fn gdn_path(&self) -> GdnPath {
+        self.gdn.unwrap_or_default()
+    }
+
+    /// Sets every key of this path on a request. Keys left unset are set to the engine's
+    /// built-in default explicitly, so an inherited `GDN_KERNEL` cannot change what runs.
+    pub fn apply(&self, opts: &mut RequestOptions) {
+        opts.gdn_path = Some(self.gdn_path());
+    }
+
+    /// The same for a state driven through `CausalLm::forward` directly.
+    pub fn apply_state(&self, state: &mut ModelState) {
+        state.gdn_path = self.gdn_path();
+    }
+}
+
+/// The canonical spelling: `default`, or the set keys in a fixed order joined by `+`.
+impl fmt::Display for PathSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.gdn {
+            None => write!(f, "default"),
+            Some(g) => write!(f, "gdn={g}"),
+        }
+    }
+}
+
+impl FromStr for PathSpec {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<PathSpec> {
+        parse_path(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_round_trips() {
+        for s in ["default", "gdn=perstep", "gdn=chunked", "gdn=auto"] {
+            assert_eq!(parse_path(s).unwrap().to_string(), s);
+        }
+        assert_eq!(parse_path("gdn=per-step").unwrap().gdn, Some(GdnPath::PerStep));
+        let list = parse_paths("gdn=perstep,gdn=chunked").unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1].gdn, Some(GdnPath::Chunked));
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_values_with_the_valid_ones() {
+        let e = parse_path("kv=paged").unwrap_err().to_string();
+        assert!(e.contains("unknown path key `kv`") && e.contains("gdn=auto|perstep|chunked"), "{e}");
+        let e = parse_path("gdn=fast").unwrap_err().to_string();
+        assert!(e.contains("`fast`") && e.contains("perstep, chunked"), "{e}");
+        for bad in ["", "gdn", "gdn=perstep+gdn=chunked", "gdn=perstep,"] {
+            assert!(parse_paths(bad).is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn apply_pins_the_default_against_the_environment() {
+        let mut o = RequestOptions::default();
+        PathSpec::default().apply(&mut o);
+        assert_eq!(o.gdn_path, Some(GdnPath::Auto));
+        parse_path("gdn=chunked").unwrap().apply(&mut o);
+        assert_eq!(o.gdn_path, Some(GdnPath::Chunked));
+    }
+}

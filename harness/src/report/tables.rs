@@ -1,0 +1,206 @@
+//! The comparison as markdown (for people), CSV and JSON (for other tools).
+
+use std::fmt::Write as _;
+
+use super::compare::{Comparison, Row, Side};
+
+/// Milliseconds to about three significant digits.
+pub fn fmt_ms(x: f64) -> String {
+    if !x.is_finite() {
+        "-".into()
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn fmt_side(s: Option<&Side>) -> String {
+    match s {
+        None => "-".into(),
+        Some(s) if s.ttft_ms.n == 1 => fmt_ms(s.ttft_ms.median),
+        Some(s) => format!(
+            "{} ({}–{})",
+            fmt_ms(s.ttft_ms.median),
+            fmt_ms(s.ttft_ms.p10),
+            fmt_ms(s.ttft_ms.p90)
+        ),
+    }
+}
+
+/// One sentence per group naming the crossover (prefixed by the group when there are several).
+pub fn crossover_notes(c: &Comparison) -> Vec<String> {
+    let Some(compare) = &c.compare else {
+        return Vec::new();
+    };
+    c.groups
+        .iter()
+        .filter_map(|g| {
+            let sentence = g.crossover?.describe(compare, &c.baseline);
+            Some(if g.name.is_empty() { sentence } else { format!("{}: {sentence}", g.name) })
+        })
+        .collect()
+}
+
+pub fn markdown(c: &Comparison, plots: &[(&str, &str)]) -> String {
+    let mut md = String::from("# TTFT report\n\n");
+    if !c.constant.is_empty() {
+        let parts: Vec<String> = c.constant.iter().map(|(k, v)| format!("{k}: `{v}`")).collect();
+        let _ = writeln!(md, "{}\n", parts.join(" · "));
+    }
+    let runs: Vec<usize> = c
+        .rows
+        .iter()
+        .flat_map(|r| [&r.baseline, &r.compare])
+        .filter_map(|s| s.as_ref().map(|s| s.ttft_ms.n))
+        .collect();
+    let (lo, hi) = (runs.iter().min().copied().unwrap_or(0), runs.iter().max().copied().unwrap_or(0));
+    let n = if lo == hi { lo.to_string() } else { format!("{lo}–{hi}") };
+    match &c.compare {
+        Some(comp) => {
+            let _ = writeln!(
+                md,
+                "Baseline `{}`, compared with `{comp}`. TTFT in ms: median (p10–p90) over {n} runs; \
+                 speedup = baseline median / compare median (above 1: `{comp}` is faster); parity from \
+                 the generated tokens' sha256.\n",
+                c.baseline
+            );
+        }
+        None => {
+            let _ = writeln!(md, "Only `{}` was measured. TTFT in ms: median (p10–p90) over {n} runs.\n", c.baseline);
+        }
+    }
+
+    let mut header = vec!["model".to_string(), "prompt tokens".to_string()];
+    header.extend(c.key_columns.iter().map(|d| d.name().to_string()));
+    header.push(format!("{} TTFT ms", c.baseline));
+    let mut align = vec!["---", "--:"];
+    align.extend(c.key_columns.iter().map(|_| "---"));
+    align.push("--:");
+    if let Some(comp) = &c.compare {
+        header.extend([format!("{comp} TTFT ms"), "speedup".into(), "parity".into()]);
+        align.extend(["--:", "--:", "---"]);
+    }
+    let _ = writeln!(md, "| {} |", header.join(" | "));
+    let _ = writeln!(md, "|{}|", align.join("|"));
+    for r in &c.rows {
+        let mut cells = vec![r.model.clone(), r.prompt_tokens.to_string()];
+        cells.extend(c.key_columns.iter().map(|d| r.keys[d].clone()));
+        cells.push(fmt_side(r.baseline.as_ref()));
+        if c.compare.is_some() {
+            cells.push(fmt_side(r.compare.as_ref()));
+            cells.push(r.speedup.map_or("-".into(), |s| format!("{s:.2}")));
+            cells.push(r.parity.map_or("-", |p| p.name()).to_string());
+        }
+        let _ = writeln!(md, "| {} |", cells.join(" | "));
+    }
+    let notes = crossover_notes(c);
+    if !notes.is_empty() {
+        md.push_str("\n**Crossover** (smallest prompt length from which the compare side is faster at every longer length):\n\n");
+        for n in notes {
+            let _ = writeln!(md, "- {n}");
+        }
+    }
+    if !plots.is_empty() {
+        md.push('\n');
+        for (title, file) in plots {
+            let _ = writeln!(md, "![{title}]({file})\n");
+        }
+    }
+    md
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        // `{}` prints the shortest text that reads back as the same f64.
+        format!("{x}")
+    } else {
+        String::new()
+    }
+}
+
+fn side_fields(s: Option<&Side>) -> Vec<String> {
+    match s {
+        None => vec![String::new(); 6],
+        Some(s) => vec![
+            s.ttft_ms.n.to_string(),
+            num(s.ttft_ms.median),
+            num(s.ttft_ms.p10),
+            num(s.ttft_ms.p90),
+            num(s.prefill_tokens_per_s),
+            num(s.decode_tokens_per_s),
+        ],
+    }
+}
+
+/// Every key column (not only those that vary), both sides' statistics at full precision.
+pub fn csv(c: &Comparison) -> String {
+    let dims: Vec<_> = c.rows.first().map(|r| r.keys.keys().copied().collect()).unwrap_or_default();
+    let mut header = vec!["model".to_string(), "prompt_tokens".to_string()];
+    header.extend(dims.iter().map(|d: &super::select::Dim| d.name().to_string()));
+    header.extend(["baseline".into(), "compare".into()]);
+    for side in ["baseline", "compare"] {
+        for f in ["n", "ttft_ms_median", "ttft_ms_p10", "ttft_ms_p90", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+            header.push(format!("{side}_{f}"));
+        }
+    }
+    header.extend(["speedup".into(), "parity".into()]);
+    let mut out = header.join(",") + "\n";
+    let row_fields = |r: &Row| -> Vec<String> {
+        let mut f = vec![r.model.clone(), r.prompt_tokens.to_string()];
+        f.extend(dims.iter().map(|d| r.keys[d].clone()));
+        f.push(c.baseline.clone());
+        f.push(c.compare.clone().unwrap_or_default());
+        f.extend(side_fields(r.baseline.as_ref()));
+        f.extend(side_fields(r.compare.as_ref()));
+        f.push(r.speedup.map(num).unwrap_or_default());
+        f.push(r.parity.map(|p| p.name().to_string()).unwrap_or_default());
+        f
+    };
+    for r in &c.rows {
+        let fields: Vec<String> = row_fields(r).iter().map(|s| csv_field(s)).collect();
+        out += &(fields.join(",") + "\n");
+    }
+    out
+}
+
+/// The comparison as one JSON document, with the crossover sentences.
+pub fn json(c: &Comparison) -> String {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        #[serde(flatten)]
+        comparison: &'a Comparison,
+        crossover_notes: Vec<String>,
+    }
+    let doc = Doc {
+        comparison: c,
+        crossover_notes: crossover_notes(c),
+    };
+    serde_json::to_string_pretty(&doc).expect("a comparison always serialises") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_and_escape() {
+        assert_eq!(fmt_ms(1234.56), "1235");
+        assert_eq!(fmt_ms(12.345), "12.3");
+        assert_eq!(fmt_ms(1.2345), "1.23");
+        assert_eq!(fmt_ms(f64::NAN), "-");
+        assert_eq!(csv_field("AMD EPYC, 2"), "\"AMD EPYC, 2\"");
+        assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
+        assert_eq!(num(0.1), "0.1");
+    }
+}

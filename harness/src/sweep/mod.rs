@@ -1,0 +1,202 @@
+//! TTFT sweeps (DESIGN §8): time requests over prompt lengths × execution paths, the paths
+//! interleaved inside each repetition (so drift in machine load hits every path alike) after
+//! untimed warm-up passes, one [`Measurement`] per request. `harness report` turns the rows into
+//! tables and plots.
+
+pub mod cli;
+pub mod prompt;
+pub mod record;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use engine::generate::{generate, GenerateOutput};
+use engine::{Pipeline, RequestOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+use crate::machine::{self, Machine};
+use crate::paths::PathSpec;
+pub use prompt::PromptIds;
+pub use record::{read_jsonl, Measurement};
+
+/// A loaded model ready to time: the pipeline plus the ids its prompts may use. Shared by the
+/// sweep and the criterion bench so both time exactly the same request.
+pub struct TtftRunner {
+    pub pipeline: Pipeline,
+    prompts: PromptIds,
+}
+
+impl TtftRunner {
+    pub fn load(dir: &Path) -> Result<TtftRunner> {
+        let pipeline = Pipeline::load(dir).with_context(|| format!("loading the model in {}", dir.display()))?;
+        let prompts = PromptIds::for_model(dir, pipeline.tokenizer.vocab_size(), pipeline.model.info().vocab_size)?;
+        Ok(TtftRunner { pipeline, prompts })
+    }
+
+    /// Fails when a prompt of `len` tokens plus `max_tokens` generated ones would not fit the
+    /// model's context (the engine would cut generation short and the output hashes would
+    /// compare different amounts of text).
+    pub fn check_length(&self, len: usize, max_tokens: usize) -> Result<()> {
+        let context = self.pipeline.model.info().context_length;
+        if len == 0 {
+            bail!("prompt length 0: every length must be at least 1 token");
+        }
+        if len + max_tokens > context {
+            bail!(
+                "prompt length {len} + {max_tokens} generated tokens exceeds the model's context of {context} tokens \
+                 (max_position_embeddings in {}); use shorter --lengths or fewer --max-tokens",
+                self.pipeline.dir.join("config.json").display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The benchmark prompt of exactly `len` ordinary tokens.
+    pub fn prompt(&self, len: usize, seed: u64) -> Vec<u32> {
+        self.prompts.prompt(len, seed)
+    }
+
+    /// One greedy request on `path`, generating exactly `max_tokens` tokens (stop tokens are
+    /// ignored so every path and repetition does the same work).
+    pub fn run(&self, prompt_ids: Vec<u32>, path: &PathSpec, max_tokens: usize) -> Result<GenerateOutput> {
+        let mut opts = RequestOptions {
+            max_tokens: Some(max_tokens),
+            temperature: Some(0.0),
+            ignore_eos: true,
+            ..RequestOptions::default()
+        };
+        path.apply(&mut opts);
+        let req = self.pipeline.request(prompt_ids, &opts);
+        generate(self.pipeline.model.as_ref(), &req, |_| {})
+    }
+}
+
+/// The hex sha256 of token ids as little-endian u32s.
+pub fn output_hash(tokens: &[u32]) -> String {
+    let mut h = Sha256::new();
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What to sweep.
+#[derive(Debug, Clone)]
+pub struct SweepPlan {
+    pub model_dir: PathBuf,
+    /// Recorded as the rows' `model`: the synth spec or the folder's name.
+    pub model_name: String,
+    pub lengths: Vec<usize>,
+    pub paths: Vec<PathSpec>,
+    pub repeats: usize,
+    /// Untimed passes over every length and path before the first timed one.
+    pub warmup: usize,
+    pub max_tokens: usize,
+    pub prompt_seed: u64,
+    pub label: Option<String>,
+}
+
+impl SweepPlan {
+    fn validate(&self) -> Result<()> {
+        if self.lengths.is_empty() {
+            bail!("no prompt lengths: give --lengths, e.g. --lengths 64,256,1024");
+        }
+        if self.paths.is_empty() {
+            bail!("no paths: give --paths, e.g. --paths gdn=perstep,gdn=chunked");
+        }
+        if self.repeats == 0 {
+            bail!("--repeats must be at least 1");
+        }
+        if self.max_tokens == 0 {
+            bail!("--max-tokens must be at least 1 (the first token is what TTFT times)");
+        }
+        Ok(())
+    }
+}
+
+/// Runs the plan: `warmup` untimed passes, then for each repetition, for each length, for each
+/// path one timed request. `on_row` sees each measurement as soon as it exists (the CLI appends
+/// it to the jsonl file), and all are returned at the end.
+pub fn run_sweep(plan: &SweepPlan, progress: bool, mut on_row: impl FnMut(&Measurement) -> Result<()>) -> Result<Vec<Measurement>> {
+    plan.validate()?;
+    let runner = TtftRunner::load(&plan.model_dir)?;
+    for &len in &plan.lengths {
+        runner.check_length(len, plan.max_tokens)?;
+    }
+    let machine = Machine::current();
+    let backend = machine::backend();
+    let commit = machine::commit();
+
+    let per_pass = (plan.lengths.len() * plan.paths.len()) as u64;
+    let bar = if progress {
+        ProgressBar::new(per_pass * (plan.warmup + plan.repeats) as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+    );
+
+    let mut rows = Vec::new();
+    for pass in 0..plan.warmup + plan.repeats {
+        let warm = pass < plan.warmup;
+        bar.set_prefix(if warm {
+            "warm-up".to_string()
+        } else {
+            format!("rep {}/{}", pass - plan.warmup + 1, plan.repeats)
+        });
+        for &len in &plan.lengths {
+            let ids = runner.prompt(len, plan.prompt_seed);
+            for path in &plan.paths {
+                bar.set_message(format!("{len} tokens, {path}"));
+                let out = runner
+                    .run(ids.clone(), path, plan.max_tokens)
+                    .with_context(|| format!("{}: {len}-token prompt on path {path}", plan.model_name))?;
+                bar.inc(1);
+                if warm {
+                    continue;
+                }
+                let row = Measurement {
+                    machine: machine.clone(),
+                    backend: backend.clone(),
+                    commit: commit.clone(),
+                    label: plan.label.clone(),
+                    model: plan.model_name.clone(),
+                    path: path.to_string(),
+                    prompt_tokens: len,
+                    repeat: pass - plan.warmup,
+                    prompt_seed: plan.prompt_seed,
+                    max_tokens: plan.max_tokens,
+                    generated_tokens: out.tokens.len(),
+                    ttft_ms: out.ttft_ms,
+                    prefill_tokens_per_s: out.prefill_tokens_per_s,
+                    decode_tokens_per_s: out.decode_tokens_per_s,
+                    output_sha256: Some(output_hash(&out.tokens)),
+                };
+                on_row(&row)?;
+                rows.push(row);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_hash_is_sha256_of_le_ids() {
+        // sha256 of the empty input, a published constant.
+        assert_eq!(output_hash(&[]), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        // 0x64636261 little-endian is the bytes "abcd"; sha256("abcd") is a published constant.
+        assert_eq!(
+            output_hash(&[0x6463_6261]),
+            "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589"
+        );
+    }
+}

@@ -1,0 +1,106 @@
+//! Decode-shaped products with 4-bit affine weights, fused for AVX2: per group,
+//! `Σ x·(s·q + b) = Σ x·(s·q) + b·Σx`, so each code is widened once, scaled once, and shared by
+//! all input rows, and the bias costs one multiply per group using the input's group sums.
+//!
+//! The sums run in a fixed order (two vector accumulators per input row, alternating words),
+//! so results do not depend on threads; they differ in the last bits from the portable
+//! decode-then-dot path, which CPUs without AVX2 take.
+
+use std::arch::x86_64::*;
+
+use super::dequant::Affine4;
+
+/// Σx over each group of each input row: `[m, k / group]`, summed left to right.
+pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
+    xs[..m * k]
+        .chunks_exact(group)
+        .map(|g| g.iter().sum())
+        .collect()
+}
+
+/// `out[i] = x_i · w_r` for input rows `i < m ≤ 4` and weight row `r`.
+///
+/// # Safety
+/// The CPU has AVX2; `xs` holds `m` rows of `k`, `xsum` is `group_sums` of them, and `r` is a
+/// row of `w` (which has `k` columns).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_dot(
+    w: &Affine4,
+    r: usize,
+    k: usize,
+    xs: &[f32],
+    m: usize,
+    xsum: &[f32],
+    out: &mut [f32; 4],
+) {
+    // A const row count keeps every accumulator in a register (indexing them by a run-time
+    // count spills them to the stack and serialises the adds through memory).
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match m {
+            1 => row_dot_m::<1>(w, r, k, xs, xsum, out),
+            2 => row_dot_m::<2>(w, r, k, xs, xsum, out),
+            3 => row_dot_m::<3>(w, r, k, xs, xsum, out),
+            _ => row_dot_m::<4>(w, r, k, xs, xsum, out),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn row_dot_m<const M: usize>(
+    w: &Affine4,
+    r: usize,
+    k: usize,
+    xs: &[f32],
+    xsum: &[f32],
+    out: &mut [f32; 4],
+) {
+    let group = w.group;
+    let groups = k / group;
+    let words = &w.packed[r * k / 8..(r + 1) * k / 8];
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let low = _mm256_set1_epi32(0xF);
+    let widen = |word: u32, s: __m256| {
+        let q = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts),
+            low,
+        );
+        _mm256_mul_ps(_mm256_cvtepi32_ps(q), s)
+    };
+    let mut even = [_mm256_setzero_ps(); M];
+    let mut odd = [_mm256_setzero_ps(); M];
+    let mut bias = [0.0f32; M];
+    for g in 0..groups {
+        let s = _mm256_set1_ps(w.scales.get(r * groups + g));
+        let b = w.biases.get(r * groups + g);
+        // Groups hold 4, 8 or 16 words: whole pairs, one pair per step.
+        for (p, pair) in words[g * group / 8..(g + 1) * group / 8]
+            .chunks_exact(2)
+            .enumerate()
+        {
+            let (v0, v1) = (widen(pair[0], s), widen(pair[1], s));
+            let c = g * group + p * 16;
+            for i in 0..M {
+                // SAFETY: c + 16 ≤ k, and row i of xs has k elements.
+                let (x0, x1) = unsafe {
+                    let base = xs.as_ptr().add(i * k + c);
+                    (_mm256_loadu_ps(base), _mm256_loadu_ps(base.add(8)))
+                };
+                even[i] = _mm256_add_ps(even[i], _mm256_mul_ps(x0, v0));
+                odd[i] = _mm256_add_ps(odd[i], _mm256_mul_ps(x1, v1));
+            }
+        }
+        for i in 0..M {
+            bias[i] += b * xsum[i * groups + g];
+        }
+    }
+    for i in 0..M {
+        let v = _mm256_add_ps(even[i], odd[i]);
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        out[i] = _mm_cvtss_f32(h) + bias[i];
+    }
+}
