@@ -20,7 +20,9 @@ impl Machine {
     pub fn current() -> Machine {
         Machine {
             cpu: cpu_model(),
-            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
         }
     }
 }
@@ -33,15 +35,17 @@ impl std::fmt::Display for Machine {
 
 /// The CPU's marketing name; `unknown` when the platform does not say.
 pub fn cpu_model() -> String {
-    let from_cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|text| {
-        text.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            // x86 says `model name`; some ARM kernels only say `Hardware` or `CPU part`.
-            matches!(key.trim(), "model name" | "Hardware" | "cpu model")
-                .then(|| value.split_whitespace().collect::<Vec<_>>().join(" "))
-                .filter(|v| !v.is_empty())
-        })
-    });
+    let from_cpuinfo = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                // x86 says `model name`; some ARM kernels only say `Hardware` or `CPU part`.
+                matches!(key.trim(), "model name" | "Hardware" | "cpu model")
+                    .then(|| value.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .filter(|v| !v.is_empty())
+            })
+        });
     from_cpuinfo
         .or_else(|| command_output("sysctl", &["-n", "machdep.cpu.brand_string"], None))
         .unwrap_or_else(|| "unknown".to_string())
@@ -59,8 +63,12 @@ pub fn backend() -> String {
 pub fn commit() -> Option<String> {
     let root = crate::models::workspace_root();
     let head = command_output("git", &["rev-parse", "--short", "HEAD"], Some(&root))?;
-    let dirty = command_output("git", &["status", "--porcelain", "--untracked-files=no"], Some(&root))
-        .is_some_and(|s| !s.is_empty());
+    let dirty = command_output(
+        "git",
+        &["status", "--porcelain", "--untracked-files=no"],
+        Some(&root),
+    )
+    .is_some_and(|s| !s.is_empty());
     Some(if dirty { format!("{head}-dirty") } else { head })
 }
 

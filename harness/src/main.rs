@@ -18,6 +18,8 @@ enum Command {
     Synth(harness::synth::cli::SynthArgs),
     Golden(harness::golden::cli::GoldenArgs),
     Parity(harness::parity::cli::ParityArgs),
+    Sweep(harness::sweep::cli::SweepArgs),
+    Report(harness::report::cli::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -25,6 +27,8 @@ fn main() -> ExitCode {
         Command::Synth(args) => args.run(),
         Command::Golden(args) => args.run(),
         Command::Parity(args) => args.run(),
+        Command::Sweep(args) => args.run(),
+        Command::Report(args) => args.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

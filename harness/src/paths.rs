@@ -105,7 +105,10 @@ mod tests {
         for s in ["default", "gdn=perstep", "gdn=chunked", "gdn=auto"] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }
-        assert_eq!(parse_path("gdn=per-step").unwrap().gdn, Some(GdnPath::PerStep));
+        assert_eq!(
+            parse_path("gdn=per-step").unwrap().gdn,
+            Some(GdnPath::PerStep)
+        );
         let list = parse_paths("gdn=perstep,gdn=chunked").unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(list[1].gdn, Some(GdnPath::Chunked));
@@ -114,9 +117,15 @@ mod tests {
     #[test]
     fn rejects_unknown_keys_and_values_with_the_valid_ones() {
         let e = parse_path("kv=paged").unwrap_err().to_string();
-        assert!(e.contains("unknown path key `kv`") && e.contains("gdn=auto|perstep|chunked"), "{e}");
+        assert!(
+            e.contains("unknown path key `kv`") && e.contains("gdn=auto|perstep|chunked"),
+            "{e}"
+        );
         let e = parse_path("gdn=fast").unwrap_err().to_string();
-        assert!(e.contains("`fast`") && e.contains("perstep, chunked"), "{e}");
+        assert!(
+            e.contains("`fast`") && e.contains("perstep, chunked"),
+            "{e}"
+        );
         for bad in ["", "gdn", "gdn=perstep+gdn=chunked", "gdn=perstep,"] {
             assert!(parse_paths(bad).is_err(), "{bad:?} should not parse");
         }

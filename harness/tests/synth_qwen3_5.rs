@@ -222,9 +222,18 @@ fn mtp_names() -> BTreeMap<String, Vec<usize>> {
         ("mtp.norm.weight", vec![H]),
         ("mtp.layers.0.input_layernorm.weight", vec![H]),
         ("mtp.layers.0.post_attention_layernorm.weight", vec![H]),
-        ("mtp.layers.0.self_attn.q_proj.weight", vec![2 * HEADS * HD, H]),
-        ("mtp.layers.0.self_attn.k_proj.weight", vec![KV_HEADS * HD, H]),
-        ("mtp.layers.0.self_attn.v_proj.weight", vec![KV_HEADS * HD, H]),
+        (
+            "mtp.layers.0.self_attn.q_proj.weight",
+            vec![2 * HEADS * HD, H],
+        ),
+        (
+            "mtp.layers.0.self_attn.k_proj.weight",
+            vec![KV_HEADS * HD, H],
+        ),
+        (
+            "mtp.layers.0.self_attn.v_proj.weight",
+            vec![KV_HEADS * HD, H],
+        ),
         ("mtp.layers.0.self_attn.o_proj.weight", vec![H, HEADS * HD]),
         ("mtp.layers.0.self_attn.q_norm.weight", vec![HD]),
         ("mtp.layers.0.self_attn.k_norm.weight", vec![HD]),
@@ -250,7 +259,9 @@ fn hf_layout_follows_the_published_checkpoint() {
     // Text model under model.language_model, lm_head at the top, MTP head present.
     for n in &names {
         assert!(
-            n.starts_with("model.language_model.") || n == "lm_head.weight" || n.starts_with("mtp."),
+            n.starts_with("model.language_model.")
+                || n == "lm_head.weight"
+                || n.starts_with("mtp."),
             "{n}"
         );
     }
@@ -314,9 +325,13 @@ fn hf_layout_follows_the_published_checkpoint() {
         let store = WeightStore::open(&write(&spec(Format::Bf16, layout, 9), dir.path())).unwrap();
         for n in store.names() {
             let dtype = store.info(&n).unwrap().0;
-            let f32_expected =
-                n.ends_with("A_log") || (layout == Layout::Hf && n.ends_with("linear_attn.norm.weight"));
-            let want = if f32_expected { DType::F32 } else { DType::BF16 };
+            let f32_expected = n.ends_with("A_log")
+                || (layout == Layout::Hf && n.ends_with("linear_attn.norm.weight"));
+            let want = if f32_expected {
+                DType::F32
+            } else {
+                DType::BF16
+            };
             assert_eq!(dtype, want, "{layout:?} {n}");
         }
     }
@@ -406,7 +421,8 @@ fn both_layouts_hold_the_same_model() {
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 1000).collect();
     let mut logits = Vec::new();
     for layout in [Layout::Hf, Layout::Mlx] {
-        let model = engine::models::load(&write(&spec(Format::F32, layout, 4), dir.path())).unwrap();
+        let model =
+            engine::models::load(&write(&spec(Format::F32, layout, 4), dir.path())).unwrap();
         let mut state = model.new_state();
         let out = model.forward(&ids, &mut state, true).unwrap();
         logits.push(out.to_vec_f32().unwrap());
@@ -415,7 +431,11 @@ fn both_layouts_hold_the_same_model() {
     assert_eq!(a.len(), ids.len() * VOCAB);
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    assert!((num / den).sqrt() < 1e-5, "relative difference {}", (num / den).sqrt());
+    assert!(
+        (num / den).sqrt() < 1e-5,
+        "relative difference {}",
+        (num / den).sqrt()
+    );
     // Peaky logits: std about 5 (LOGIT_STD), so greedy decoding has margins.
     let last = &a[(ids.len() - 1) * VOCAB..];
     let mean = last.iter().map(|&x| x as f64).sum::<f64>() / VOCAB as f64;

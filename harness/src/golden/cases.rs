@@ -100,7 +100,11 @@ impl Case {
     /// The golden's file name: the id with only `[A-Za-z0-9_.-]`, e.g.
     /// `qwen3-tiny-q4-mlx.default.short.json`.
     pub fn file_name(&self) -> String {
-        let clean = |s: String| s.replace([':', '@'], "-").replace('=', "-").replace('+', "_");
+        let clean = |s: String| {
+            s.replace([':', '@'], "-")
+                .replace('=', "-")
+                .replace('+', "_")
+        };
         format!(
             "{}.{}.{}.json",
             clean(self.spec.to_string()),
@@ -169,9 +173,9 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), all.len());
-        assert!(names
-            .iter()
-            .all(|n| n.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))));
+        assert!(names.iter().all(|n| n
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))));
         let (q4, _) = cases(Some("qwen3:tiny:q4")).unwrap();
         assert_eq!(q4.len(), PROMPTS.len(), "only qwen3 (not qwen3_5) in q4");
         assert_eq!(q4[0].file_name(), "qwen3-tiny-q4-mlx.default.short.json");

@@ -52,7 +52,10 @@ pub struct Common {
 impl Common {
     fn options(&self) -> Options {
         Options {
-            dir: self.dir.clone().unwrap_or_else(|| self.backend.default_dir()),
+            dir: self
+                .dir
+                .clone()
+                .unwrap_or_else(|| self.backend.default_dir()),
             filter: self.filter.clone(),
         }
     }
@@ -109,7 +112,10 @@ fn run_check(c: &Common) -> Result<()> {
         }
     })?;
     for o in &report.orphans {
-        println!("  note  {} belongs to no case (delete it if its case was removed)", o.display());
+        println!(
+            "  note  {} belongs to no case (delete it if its case was removed)",
+            o.display()
+        );
     }
     let failed: Vec<_> = report.failures().collect();
     let passed = report.results.len() - failed.len();
@@ -119,7 +125,12 @@ fn run_check(c: &Common) -> Result<()> {
     }
     let stale = failed
         .iter()
-        .filter(|r| matches!(r.verdict, Verdict::Missing | Verdict::CheckpointChanged { .. } | Verdict::CaseChanged(_)))
+        .filter(|r| {
+            matches!(
+                r.verdict,
+                Verdict::Missing | Verdict::CheckpointChanged { .. } | Verdict::CaseChanged(_)
+            )
+        })
         .count();
     if stale > 0 {
         println!(
@@ -127,7 +138,11 @@ fn run_check(c: &Common) -> Result<()> {
             bless_command(c, c.filter.as_deref())
         );
     }
-    bail!("{} of {} golden cases failed", failed.len(), report.results.len())
+    bail!(
+        "{} of {} golden cases failed",
+        failed.len(),
+        report.results.len()
+    )
 }
 
 fn run_bless(c: &Common) -> Result<()> {

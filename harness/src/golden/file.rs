@@ -53,15 +53,20 @@ impl Golden {
         let mut s = String::from("{\n");
         for (i, key) in order.iter().enumerate() {
             let sep = if i + 1 == order.len() { "" } else { "," };
-            s.push_str(&format!("  \"{key}\": {}{sep}\n", serde_json::to_string(&map[*key])?));
+            s.push_str(&format!(
+                "  \"{key}\": {}{sep}\n",
+                serde_json::to_string(&map[*key])?
+            ));
         }
         s.push_str("}\n");
         Ok(s)
     }
 
     pub fn read(file: &Path) -> Result<Golden> {
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{}: not a golden file", file.display()))
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a golden file", file.display()))
     }
 
     /// Writes to a temporary file beside `file`, then renames it into place, so a reader (or an
@@ -69,7 +74,10 @@ impl Golden {
     pub fn write_atomic(&self, file: &Path) -> Result<()> {
         let dir = file.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("golden");
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("golden");
         let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let result = (|| {
             let mut f = std::fs::File::create(&tmp)?;
@@ -95,7 +103,8 @@ pub fn checkpoint_sha256(dir: &Path) -> Result<String> {
     for rel in &files {
         let path = dir.join(rel);
         let name = rel.to_string_lossy().replace('\\', "/");
-        let mut f = std::fs::File::open(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mut f =
+            std::fs::File::open(&path).with_context(|| format!("reading {}", path.display()))?;
         let len = f.metadata()?.len();
         h.update(name.as_bytes());
         h.update([0u8]);

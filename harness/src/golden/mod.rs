@@ -66,6 +66,9 @@ pub enum Verdict {
     /// Generated ids differ; `index` is the first differing token (or the shorter length).
     Mismatch {
         index: usize,
+        /// The ids at `index` (`None` past the end of a shorter list).
+        expected_id: Option<u32>,
+        actual_id: Option<u32>,
         expected_text: String,
         actual_text: String,
     },
@@ -75,7 +78,10 @@ pub enum Verdict {
         actual_text: String,
     },
     /// The checkpoint's bytes changed since the bless: the golden is stale, not wrong.
-    CheckpointChanged { golden: String, now: String },
+    CheckpointChanged {
+        golden: String,
+        now: String,
+    },
     /// The case's definition (prompt ids or token count) changed since the bless.
     CaseChanged(String),
     /// No golden file for this case.
@@ -106,11 +112,18 @@ impl Verdict {
             Verdict::Pass => String::new(),
             Verdict::Mismatch {
                 index,
+                expected_id,
+                actual_id,
                 expected_text,
                 actual_text,
-            } => format!(
-                "first divergent token at index {index}\n      golden: {expected_text:?}\n      now:    {actual_text:?}"
-            ),
+            } => {
+                let id = |t: &Option<u32>| t.map_or("none".to_string(), |t| t.to_string());
+                format!(
+                    "first divergent token at index {index} (golden id {}, now id {})\n      golden: {expected_text:?}\n      now:    {actual_text:?}",
+                    id(expected_id),
+                    id(actual_id)
+                )
+            }
             Verdict::TextMismatch {
                 expected_text,
                 actual_text,
@@ -164,7 +177,12 @@ impl std::fmt::Display for BlessChange {
 }
 
 /// A fresh run of one case, as a golden (engine version filled in).
-fn run_case(case: &Case, pipeline: &Pipeline, checkpoint_sha256: &str, version: &str) -> Result<Golden> {
+fn run_case(
+    case: &Case,
+    pipeline: &Pipeline,
+    checkpoint_sha256: &str,
+    version: &str,
+) -> Result<Golden> {
     let prompt_ids = case.prompt.ids(pipeline)?;
     let mut opts = RequestOptions {
         max_tokens: Some(MAX_TOKENS),
@@ -216,6 +234,8 @@ pub fn compare(golden: &Golden, now: &Golden) -> Verdict {
     if let Some(index) = first_divergence(&golden.generated_ids, &now.generated_ids) {
         return Verdict::Mismatch {
             index,
+            expected_id: golden.generated_ids.get(index).copied(),
+            actual_id: now.generated_ids.get(index).copied(),
             expected_text: golden.text.clone(),
             actual_text: now.text.clone(),
         };
@@ -268,7 +288,10 @@ fn orphans(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter(|p| p.file_name().is_some_and(|n| !known.contains(&*n.to_string_lossy())))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| !known.contains(&*n.to_string_lossy()))
+        })
         .collect();
     out.sort();
     Ok(out)
@@ -315,7 +338,11 @@ pub fn check(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> Result<Ch
         progress(&r);
         results.push(r);
     })?;
-    let orphans = if opts.filter.is_none() { orphans(&opts.dir)? } else { Vec::new() };
+    let orphans = if opts.filter.is_none() {
+        orphans(&opts.dir)?
+    } else {
+        Vec::new()
+    };
     Ok(CheckReport {
         results,
         skipped,
@@ -327,7 +354,10 @@ pub fn check(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> Result<Ch
 /// are left alone, so their recorded engine version says when they were last made).
 /// `progress` sees each case's change as soon as its file is written. Fails on the first case
 /// that cannot run, after reporting the ones before it.
-pub fn bless(opts: &Options, mut progress: impl FnMut(&Case, &Path, &BlessChange)) -> Result<Vec<(String, BlessChange)>> {
+pub fn bless(
+    opts: &Options,
+    mut progress: impl FnMut(&Case, &Path, &BlessChange),
+) -> Result<Vec<(String, BlessChange)>> {
     let mut changes = Vec::new();
     let mut first_error = None;
     for_each_case(opts, |case, path, fresh| {

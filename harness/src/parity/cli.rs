@@ -78,17 +78,40 @@ impl ParityArgs {
             Err(_) => file_prompts(&pipeline, std::path::Path::new(&self.prompts))?,
         };
         let json = self.json;
-        let line = |s: String| if json { eprintln!("{s}") } else { println!("{s}") };
-        line(format!("parity on {model}: a = {}, b = {}, {} prompts, {} tokens each", self.a, self.b, prompts.len(), self.max_tokens));
-        let report = run(&pipeline, &model, &prompts, self.a, self.b, self.max_tokens, |r| {
-            line(format!(
-                "  prompt {:>3} ({:>5} tokens)  {:<20} logits NMSE {:.3e}",
-                r.index, r.prompt_tokens, r.verdict.to_string(), r.logits_nmse
-            ));
-            if r.verdict.is_early() {
-                line(format!("      a: {:?}\n      b: {:?}", r.text_a, r.text_b));
+        let line = |s: String| {
+            if json {
+                eprintln!("{s}")
+            } else {
+                println!("{s}")
             }
-        })?;
+        };
+        line(format!(
+            "parity on {model}: a = {}, b = {}, {} prompts, {} tokens each",
+            self.a,
+            self.b,
+            prompts.len(),
+            self.max_tokens
+        ));
+        let report = run(
+            &pipeline,
+            &model,
+            &prompts,
+            self.a,
+            self.b,
+            self.max_tokens,
+            |r| {
+                line(format!(
+                    "  prompt {:>3} ({:>5} tokens)  {:<20} logits NMSE {:.3e}",
+                    r.index,
+                    r.prompt_tokens,
+                    r.verdict.to_string(),
+                    r.logits_nmse
+                ));
+                if r.verdict.is_early() {
+                    line(format!("      a: {:?}\n      b: {:?}", r.text_a, r.text_b));
+                }
+            },
+        )?;
         line(report.summary());
         if json {
             println!("{}", serde_json::to_string_pretty(&report)?);

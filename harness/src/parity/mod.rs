@@ -93,10 +93,12 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
         num += d * d;
         den += x as f64 * x as f64;
     }
-    match (num, den) {
-        (n, _) if n == 0.0 => 0.0,
-        (_, d) if d == 0.0 => f64::INFINITY,
-        (n, d) => n / d,
+    if num == 0.0 {
+        0.0
+    } else if den == 0.0 {
+        f64::INFINITY
+    } else {
+        num / den
     }
 }
 
@@ -138,14 +140,24 @@ impl ParityReport {
 
     /// One line: counts per verdict and the largest logits NMSE.
     pub fn summary(&self) -> String {
-        let identical = self.results.iter().filter(|r| r.verdict == Verdict::Identical).count();
+        let identical = self
+            .results
+            .iter()
+            .filter(|r| r.verdict == Verdict::Identical)
+            .count();
         let early = self.early_divergences();
         let late = self.results.len() - identical - early;
         let worst = self
             .results
             .iter()
             .map(|r| r.logits_nmse)
-            .fold(0.0f64, |m, x| if x.is_nan() || m.is_nan() { f64::NAN } else { m.max(x) });
+            .fold(0.0f64, |m, x| {
+                if x.is_nan() || m.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(x)
+                }
+            });
         format!(
             "{} vs {} on {}: {} prompts, {identical} identical, {late} late drift, {early} early divergence; max logits NMSE {worst:.3e}",
             self.a,
@@ -174,7 +186,8 @@ pub fn builtin_prompts(pipeline: &Pipeline, n: usize) -> Result<Vec<Vec<u32>>> {
 
 /// One prompt per non-empty line of `file`, encoded without a chat template.
 pub fn file_prompts(pipeline: &Pipeline, file: &Path) -> Result<Vec<Vec<u32>>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading prompts from {}", file.display()))?;
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading prompts from {}", file.display()))?;
     let prompts = text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -187,7 +200,12 @@ pub fn file_prompts(pipeline: &Pipeline, file: &Path) -> Result<Vec<Vec<u32>>> {
 }
 
 /// One path's run of one prompt: the prefill's last-position logits and the greedy tokens.
-fn run_path(pipeline: &Pipeline, prompt: &[u32], path: PathSpec, max_tokens: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+fn run_path(
+    pipeline: &Pipeline,
+    prompt: &[u32],
+    path: PathSpec,
+    max_tokens: usize,
+) -> Result<(Vec<f32>, Vec<u32>)> {
     let model = pipeline.model.as_ref();
     let mut state = model.new_state();
     path.apply_state(&mut state);

@@ -73,7 +73,11 @@ impl ReportArgs {
         let written = write_report(&c, &self.out)?;
         println!("{}", tables::markdown(&c, &[]).trim_end());
         println!();
-        println!("wrote {} files to {}", written.files.len(), written.dir.display());
+        println!(
+            "wrote {} files to {}",
+            written.files.len(),
+            written.dir.display()
+        );
         Ok(())
     }
 }

@@ -23,8 +23,13 @@ pub struct Side {
 
 impl Side {
     fn of(rows: &[&Measurement]) -> Side {
-        let median = |f: fn(&Measurement) -> f64| Summary::of(&mut rows.iter().map(|r| f(r)).collect::<Vec<_>>()).median;
-        let hashes: BTreeSet<String> = rows.iter().filter_map(|r| r.output_sha256.clone()).collect();
+        let median = |f: fn(&Measurement) -> f64| {
+            Summary::of(&mut rows.iter().map(|r| f(r)).collect::<Vec<_>>()).median
+        };
+        let hashes: BTreeSet<String> = rows
+            .iter()
+            .filter_map(|r| r.output_sha256.clone())
+            .collect();
         Side {
             ttft_ms: Summary::of(&mut rows.iter().map(|r| r.ttft_ms).collect::<Vec<_>>()),
             prefill_tokens_per_s: median(|r| r.prefill_tokens_per_s),
@@ -126,7 +131,11 @@ fn resolve(sel: &Selector, rows: &[Measurement], values: &[String]) -> Result<St
     if values.contains(&sel.value) {
         return Ok(sel.value.clone());
     }
-    let hits = distinct(rows.iter().filter(|r| sel.matches(r)).map(|r| sel.dim.value(r)));
+    let hits = distinct(
+        rows.iter()
+            .filter(|r| sel.matches(r))
+            .map(|r| sel.dim.value(r)),
+    );
     match hits.len() {
         1 => Ok(hits[0].clone()),
         0 => bail!(
@@ -135,7 +144,12 @@ fn resolve(sel: &Selector, rows: &[Measurement], values: &[String]) -> Result<St
             sel.value,
             values.join(", ")
         ),
-        _ => bail!("{} `{}` is ambiguous: it matches {}", sel.dim, sel.value, hits.join(", ")),
+        _ => bail!(
+            "{} `{}` is ambiguous: it matches {}",
+            sel.dim,
+            sel.value,
+            hits.join(", ")
+        ),
     }
 }
 
@@ -147,7 +161,11 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
     let comp_sel = sides.compare.as_deref().map(Selector::parse).transpose()?;
     let dim = match (&base_sel, &comp_sel) {
         (Some(b), Some(c)) if b.dim != c.dim => {
-            bail!("--baseline compares along {} but --compare along {}: name the same dimension", b.dim, c.dim)
+            bail!(
+                "--baseline compares along {} but --compare along {}: name the same dimension",
+                b.dim,
+                c.dim
+            )
         }
         (Some(s), _) | (_, Some(s)) => s.dim,
         (None, None) => Dim::Path,
@@ -156,8 +174,15 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
     let baseline = match &base_sel {
         Some(s) => resolve(s, rows, &values)?,
         None => {
-            let taken = comp_sel.as_ref().map(|s| resolve(s, rows, &values)).transpose()?;
-            values.iter().find(|v| Some(*v) != taken.as_ref()).cloned().unwrap_or_else(|| values[0].clone())
+            let taken = comp_sel
+                .as_ref()
+                .map(|s| resolve(s, rows, &values))
+                .transpose()?;
+            values
+                .iter()
+                .find(|v| Some(*v) != taken.as_ref())
+                .cloned()
+                .unwrap_or_else(|| values[0].clone())
         }
     };
     let compare = match &comp_sel {
@@ -169,10 +194,15 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
     }
 
     let others: Vec<Dim> = Dim::ALL.into_iter().filter(|d| *d != dim).collect();
-    let keys_of = |r: &Measurement| -> BTreeMap<Dim, String> { others.iter().map(|d| (*d, d.value(r))).collect() };
+    let keys_of = |r: &Measurement| -> BTreeMap<Dim, String> {
+        others.iter().map(|d| (*d, d.value(r))).collect()
+    };
 
     // (model, keys) → prompt length → value along dim → measurements
-    type Cells<'a> = BTreeMap<(String, BTreeMap<Dim, String>), BTreeMap<usize, BTreeMap<String, Vec<&'a Measurement>>>>;
+    type Cells<'a> = BTreeMap<
+        (String, BTreeMap<Dim, String>),
+        BTreeMap<usize, BTreeMap<String, Vec<&'a Measurement>>>,
+    >;
     let mut cells: Cells = BTreeMap::new();
     for r in rows {
         cells
@@ -189,7 +219,14 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
     let key_columns: Vec<Dim> = others
         .iter()
         .copied()
-        .filter(|d| cells.keys().map(|(_, k)| &k[d]).collect::<BTreeSet<_>>().len() > 1)
+        .filter(|d| {
+            cells
+                .keys()
+                .map(|(_, k)| &k[d])
+                .collect::<BTreeSet<_>>()
+                .len()
+                > 1
+        })
         .collect();
     let models: BTreeSet<&String> = cells.keys().map(|(m, _)| m).collect();
     let mut constant: Vec<(String, String)> = Vec::new();
@@ -229,12 +266,16 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
                 _ => None,
             };
             let parity = match (&b, &c) {
-                (Some(b), Some(c)) if b.output_sha256.is_empty() || c.output_sha256.is_empty() => Some(Parity::Unknown),
-                (Some(b), Some(c)) => Some(if b.output_sha256.len() == 1 && b.output_sha256 == c.output_sha256 {
-                    Parity::Identical
-                } else {
-                    Parity::Differs
-                }),
+                (Some(b), Some(c)) if b.output_sha256.is_empty() || c.output_sha256.is_empty() => {
+                    Some(Parity::Unknown)
+                }
+                (Some(b), Some(c)) => Some(
+                    if b.output_sha256.len() == 1 && b.output_sha256 == c.output_sha256 {
+                        Parity::Identical
+                    } else {
+                        Parity::Differs
+                    },
+                ),
                 _ => None,
             };
             idx.push(out_rows.len());
@@ -266,7 +307,11 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
                 .filter_map(|(&len, by_value)| Some((len, Side::of(by_value.get(v)?).ttft_ms)))
                 .collect();
             if !points.is_empty() {
-                let name = if gname.is_empty() { v.clone() } else { format!("{gname} · {v}") };
+                let name = if gname.is_empty() {
+                    v.clone()
+                } else {
+                    format!("{gname} · {v}")
+                };
                 ttft_series.push(Series { name, points });
             }
         }

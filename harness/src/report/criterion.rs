@@ -31,8 +31,10 @@ struct Sample {
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: not criterion's format", path.display()))
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{}: not criterion's format", path.display()))
 }
 
 /// Every `new/benchmark.json` below `dir`.
@@ -46,7 +48,10 @@ fn find_benchmarks(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
                 if b.is_file() {
                     out.push(b);
                 }
-            } else if path.file_name().is_none_or(|n| n != "base" && n != "change" && n != "report") {
+            } else if path
+                .file_name()
+                .is_none_or(|n| n != "base" && n != "change" && n != "report")
+            {
                 find_benchmarks(&path, out)?;
             }
         }
@@ -71,7 +76,10 @@ pub fn read_criterion(dir: &Path) -> Result<Vec<Measurement>> {
         let Some(model) = b.group_id.strip_prefix(GROUP_PREFIX) else {
             continue;
         };
-        let (Some(path), Some(len)) = (b.function_id, b.value_str.and_then(|v| v.parse::<usize>().ok())) else {
+        let (Some(path), Some(len)) = (
+            b.function_id,
+            b.value_str.and_then(|v| v.parse::<usize>().ok()),
+        ) else {
             continue;
         };
         let sample: Sample = read_json(&file.with_file_name("sample.json"))?;

@@ -66,7 +66,11 @@ pub fn speedup_chart(c: &Comparison) -> Option<LineChart> {
         .groups
         .iter()
         .map(|g| ChartSeries {
-            name: if g.name.is_empty() { format!("{compare} vs {}", c.baseline) } else { g.name.clone() },
+            name: if g.name.is_empty() {
+                format!("{compare} vs {}", c.baseline)
+            } else {
+                g.name.clone()
+            },
             points: g
                 .rows
                 .iter()
@@ -129,7 +133,8 @@ pub fn write_report(c: &Comparison, dir: &Path) -> Result<Written> {
     }
     for name in names {
         let dest = dir.join(name);
-        std::fs::rename(staging.join(name), &dest).with_context(|| format!("moving {name} into {}", dir.display()))?;
+        std::fs::rename(staging.join(name), &dest)
+            .with_context(|| format!("moving {name} into {}", dir.display()))?;
         files.push(dest);
     }
     let _ = std::fs::remove_dir(&staging);

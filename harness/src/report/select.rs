@@ -20,7 +20,13 @@ pub enum Dim {
 }
 
 impl Dim {
-    pub const ALL: [Dim; 5] = [Dim::Path, Dim::Commit, Dim::Machine, Dim::Backend, Dim::Label];
+    pub const ALL: [Dim; 5] = [
+        Dim::Path,
+        Dim::Commit,
+        Dim::Machine,
+        Dim::Backend,
+        Dim::Label,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -120,9 +126,24 @@ mod tests {
 
     #[test]
     fn parses_known_dims_and_falls_back_to_paths() {
-        assert_eq!(Selector::parse("commit=abc").unwrap(), Selector { dim: Dim::Commit, value: "abc".into() });
-        assert_eq!(Selector::parse("gdn=chunked").unwrap(), Selector { dim: Dim::Path, value: "gdn=chunked".into() });
-        assert_eq!(Selector::parse("path=gdn=per-step").unwrap().value, "gdn=perstep");
+        assert_eq!(
+            Selector::parse("commit=abc").unwrap(),
+            Selector {
+                dim: Dim::Commit,
+                value: "abc".into()
+            }
+        );
+        assert_eq!(
+            Selector::parse("gdn=chunked").unwrap(),
+            Selector {
+                dim: Dim::Path,
+                value: "gdn=chunked".into()
+            }
+        );
+        assert_eq!(
+            Selector::parse("path=gdn=per-step").unwrap().value,
+            "gdn=perstep"
+        );
         assert_eq!(Selector::parse("default").unwrap().dim, Dim::Path);
         assert!(Selector::parse("commit=").is_err());
         assert!(Selector::parse(" ").is_err());

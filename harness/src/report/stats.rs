@@ -113,11 +113,23 @@ mod tests {
     #[test]
     fn crossover_is_the_start_of_the_final_winning_run() {
         use Crossover::*;
-        assert_eq!(Crossover::find(&[(64, 0.5), (128, 0.9), (256, 1.2), (512, 2.0)]), From(256));
+        assert_eq!(
+            Crossover::find(&[(64, 0.5), (128, 0.9), (256, 1.2), (512, 2.0)]),
+            From(256)
+        );
         // A win below a loss does not count: the threshold must hold for every longer length.
-        assert_eq!(Crossover::find(&[(64, 1.1), (128, 0.9), (256, 1.2), (512, 2.0)]), From(256));
-        assert_eq!(Crossover::find(&[(512, 2.0), (64, 1.1), (256, 1.5)]), Everywhere(64));
-        assert_eq!(Crossover::find(&[(64, 0.5), (128, 1.5), (256, 0.99)]), Never);
+        assert_eq!(
+            Crossover::find(&[(64, 1.1), (128, 0.9), (256, 1.2), (512, 2.0)]),
+            From(256)
+        );
+        assert_eq!(
+            Crossover::find(&[(512, 2.0), (64, 1.1), (256, 1.5)]),
+            Everywhere(64)
+        );
+        assert_eq!(
+            Crossover::find(&[(64, 0.5), (128, 1.5), (256, 0.99)]),
+            Never
+        );
         // Equal speed is not faster.
         assert_eq!(Crossover::find(&[(64, 0.5), (128, 1.0)]), Never);
         assert_eq!(Crossover::find(&[]), Never);

@@ -39,7 +39,11 @@ pub fn crossover_notes(c: &Comparison) -> Vec<String> {
         .iter()
         .filter_map(|g| {
             let sentence = g.crossover?.describe(compare, &c.baseline);
-            Some(if g.name.is_empty() { sentence } else { format!("{}: {sentence}", g.name) })
+            Some(if g.name.is_empty() {
+                sentence
+            } else {
+                format!("{}: {sentence}", g.name)
+            })
         })
         .collect()
 }
@@ -47,7 +51,11 @@ pub fn crossover_notes(c: &Comparison) -> Vec<String> {
 pub fn markdown(c: &Comparison, plots: &[(&str, &str)]) -> String {
     let mut md = String::from("# TTFT report\n\n");
     if !c.constant.is_empty() {
-        let parts: Vec<String> = c.constant.iter().map(|(k, v)| format!("{k}: `{v}`")).collect();
+        let parts: Vec<String> = c
+            .constant
+            .iter()
+            .map(|(k, v)| format!("{k}: `{v}`"))
+            .collect();
         let _ = writeln!(md, "{}\n", parts.join(" · "));
     }
     let runs: Vec<usize> = c
@@ -56,8 +64,15 @@ pub fn markdown(c: &Comparison, plots: &[(&str, &str)]) -> String {
         .flat_map(|r| [&r.baseline, &r.compare])
         .filter_map(|s| s.as_ref().map(|s| s.ttft_ms.n))
         .collect();
-    let (lo, hi) = (runs.iter().min().copied().unwrap_or(0), runs.iter().max().copied().unwrap_or(0));
-    let n = if lo == hi { lo.to_string() } else { format!("{lo}–{hi}") };
+    let (lo, hi) = (
+        runs.iter().min().copied().unwrap_or(0),
+        runs.iter().max().copied().unwrap_or(0),
+    );
+    let n = if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}–{hi}")
+    };
     match &c.compare {
         Some(comp) => {
             let _ = writeln!(
@@ -69,7 +84,11 @@ pub fn markdown(c: &Comparison, plots: &[(&str, &str)]) -> String {
             );
         }
         None => {
-            let _ = writeln!(md, "Only `{}` was measured. TTFT in ms: median (p10–p90) over {n} runs.\n", c.baseline);
+            let _ = writeln!(
+                md,
+                "Only `{}` was measured. TTFT in ms: median (p10–p90) over {n} runs.\n",
+                c.baseline
+            );
         }
     }
 
@@ -145,12 +164,26 @@ fn side_fields(s: Option<&Side>) -> Vec<String> {
 
 /// Every key column (not only those that vary), both sides' statistics at full precision.
 pub fn csv(c: &Comparison) -> String {
-    let dims: Vec<_> = c.rows.first().map(|r| r.keys.keys().copied().collect()).unwrap_or_default();
+    let dims: Vec<_> = c
+        .rows
+        .first()
+        .map(|r| r.keys.keys().copied().collect())
+        .unwrap_or_default();
     let mut header = vec!["model".to_string(), "prompt_tokens".to_string()];
-    header.extend(dims.iter().map(|d: &super::select::Dim| d.name().to_string()));
+    header.extend(
+        dims.iter()
+            .map(|d: &super::select::Dim| d.name().to_string()),
+    );
     header.extend(["baseline".into(), "compare".into()]);
     for side in ["baseline", "compare"] {
-        for f in ["n", "ttft_ms_median", "ttft_ms_p10", "ttft_ms_p90", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        for f in [
+            "n",
+            "ttft_ms_median",
+            "ttft_ms_p10",
+            "ttft_ms_p90",
+            "prefill_tokens_per_s",
+            "decode_tokens_per_s",
+        ] {
             header.push(format!("{side}_{f}"));
         }
     }

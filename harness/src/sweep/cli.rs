@@ -31,7 +31,12 @@ use crate::synth::SynthSpec;
 #[command(verbatim_doc_comment)]
 pub struct SweepArgs {
     /// A checkpoint folder (Hugging Face or MLX layout).
-    #[arg(long, value_name = "DIR", conflicts_with = "synth", required_unless_present = "synth")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "synth",
+        required_unless_present = "synth"
+    )]
     pub model: Option<PathBuf>,
 
     /// A synthetic checkpoint, made and cached on first use: FAMILY[:SIZE[:FORMAT[:LAYOUT]]].
@@ -74,7 +79,8 @@ pub struct SweepArgs {
 
 impl SweepArgs {
     pub fn run(self) -> Result<()> {
-        let paths = parse_paths(&self.paths).with_context(|| format!("--paths {} (valid: {VALID_PATHS})", self.paths))?;
+        let paths = parse_paths(&self.paths)
+            .with_context(|| format!("--paths {} (valid: {VALID_PATHS})", self.paths))?;
         let model_name = match (&self.model, &self.synth) {
             (_, Some(spec)) => SynthSpec::parse(spec)?.to_string(),
             (Some(dir), None) => dir
@@ -99,7 +105,8 @@ impl SweepArgs {
         };
 
         if let Some(parent) = self.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
         }
         let mut file = std::fs::OpenOptions::new()
             .create(true)
@@ -129,7 +136,10 @@ impl SweepArgs {
 
 /// Median TTFT per (length, path), one line each, for a glance at the end of a sweep.
 fn summary(rows: &[super::Measurement]) -> String {
-    let mut keys: Vec<(usize, String)> = rows.iter().map(|r| (r.prompt_tokens, r.path.clone())).collect();
+    let mut keys: Vec<(usize, String)> = rows
+        .iter()
+        .map(|r| (r.prompt_tokens, r.path.clone()))
+        .collect();
     keys.dedup();
     keys.sort();
     keys.dedup();

@@ -29,8 +29,13 @@ pub struct TtftRunner {
 
 impl TtftRunner {
     pub fn load(dir: &Path) -> Result<TtftRunner> {
-        let pipeline = Pipeline::load(dir).with_context(|| format!("loading the model in {}", dir.display()))?;
-        let prompts = PromptIds::for_model(dir, pipeline.tokenizer.vocab_size(), pipeline.model.info().vocab_size)?;
+        let pipeline = Pipeline::load(dir)
+            .with_context(|| format!("loading the model in {}", dir.display()))?;
+        let prompts = PromptIds::for_model(
+            dir,
+            pipeline.tokenizer.vocab_size(),
+            pipeline.model.info().vocab_size,
+        )?;
         Ok(TtftRunner { pipeline, prompts })
     }
 
@@ -59,7 +64,12 @@ impl TtftRunner {
 
     /// One greedy request on `path`, generating exactly `max_tokens` tokens (stop tokens are
     /// ignored so every path and repetition does the same work).
-    pub fn run(&self, prompt_ids: Vec<u32>, path: &PathSpec, max_tokens: usize) -> Result<GenerateOutput> {
+    pub fn run(
+        &self,
+        prompt_ids: Vec<u32>,
+        path: &PathSpec,
+        max_tokens: usize,
+    ) -> Result<GenerateOutput> {
         let mut opts = RequestOptions {
             max_tokens: Some(max_tokens),
             temperature: Some(0.0),
@@ -118,7 +128,11 @@ impl SweepPlan {
 /// Runs the plan: `warmup` untimed passes, then for each repetition, for each length, for each
 /// path one timed request. `on_row` sees each measurement as soon as it exists (the CLI appends
 /// it to the jsonl file), and all are returned at the end.
-pub fn run_sweep(plan: &SweepPlan, progress: bool, mut on_row: impl FnMut(&Measurement) -> Result<()>) -> Result<Vec<Measurement>> {
+pub fn run_sweep(
+    plan: &SweepPlan,
+    progress: bool,
+    mut on_row: impl FnMut(&Measurement) -> Result<()>,
+) -> Result<Vec<Measurement>> {
     plan.validate()?;
     let runner = TtftRunner::load(&plan.model_dir)?;
     for &len in &plan.lengths {
@@ -135,9 +149,11 @@ pub fn run_sweep(plan: &SweepPlan, progress: bool, mut on_row: impl FnMut(&Measu
         ProgressBar::hidden()
     };
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
-            .expect("a valid progress template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>9} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})",
+        )
+        .expect("a valid progress template")
+        .progress_chars("=> "),
     );
 
     let mut rows = Vec::new();
@@ -154,7 +170,9 @@ pub fn run_sweep(plan: &SweepPlan, progress: bool, mut on_row: impl FnMut(&Measu
                 bar.set_message(format!("{len} tokens, {path}"));
                 let out = runner
                     .run(ids.clone(), path, plan.max_tokens)
-                    .with_context(|| format!("{}: {len}-token prompt on path {path}", plan.model_name))?;
+                    .with_context(|| {
+                        format!("{}: {len}-token prompt on path {path}", plan.model_name)
+                    })?;
                 bar.inc(1);
                 if warm {
                     continue;
@@ -192,7 +210,10 @@ mod tests {
     #[test]
     fn output_hash_is_sha256_of_le_ids() {
         // sha256 of the empty input, a published constant.
-        assert_eq!(output_hash(&[]), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(
+            output_hash(&[]),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
         // 0x64636261 little-endian is the bytes "abcd"; sha256("abcd") is a published constant.
         assert_eq!(
             output_hash(&[0x6463_6261]),

@@ -20,19 +20,28 @@ impl PromptIds {
     /// From a checkpoint folder's tokenizer.json and the model's vocabulary size.
     pub fn for_model(dir: &Path, tokenizer_vocab: usize, model_vocab: usize) -> Result<PromptIds> {
         let path = dir.join("tokenizer.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let json: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let json: Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
         let added: Vec<u32> = json
             .get("added_tokens")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|t| t.get("id")?.as_u64()).map(|id| id as u32).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.get("id")?.as_u64())
+                    .map(|id| id as u32)
+                    .collect()
+            })
             .unwrap_or_default();
         PromptIds::new(tokenizer_vocab.min(model_vocab), &added)
     }
 
     /// Ids `0..vocab` without `excluded`.
     pub fn new(vocab: usize, excluded: &[u32]) -> Result<PromptIds> {
-        let ids: Vec<u32> = (0..vocab as u32).filter(|id| !excluded.contains(id)).collect();
+        let ids: Vec<u32> = (0..vocab as u32)
+            .filter(|id| !excluded.contains(id))
+            .collect();
         if ids.is_empty() {
             bail!("the vocabulary has no ordinary (non-special) token to build a prompt from");
         }

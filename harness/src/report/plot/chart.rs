@@ -76,8 +76,12 @@ impl Axis {
 /// The data range padded by `pad` of its span (in log space for log axes), widened when all
 /// values are equal.
 fn padded_range(values: impl Iterator<Item = f64>, log: bool, pad: f64) -> (f64, f64) {
-    let vals: Vec<f64> = values.filter(|v| v.is_finite() && (!log || *v > 0.0)).collect();
-    let (mut lo, mut hi) = vals.iter().fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    let vals: Vec<f64> = values
+        .filter(|v| v.is_finite() && (!log || *v > 0.0))
+        .collect();
+    let (mut lo, mut hi) = vals
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     if vals.is_empty() {
         (lo, hi) = (1.0, 10.0);
     }
@@ -88,7 +92,11 @@ fn padded_range(values: impl Iterator<Item = f64>, log: bool, pad: f64) -> (f64,
         let (a, b) = (a.min(mid - span / 2.0), b.max(mid + span / 2.0));
         (10f64.powf(a - span * pad), 10f64.powf(b + span * pad))
     } else {
-        let span = if hi > lo { hi - lo } else { lo.abs().max(1.0) * 0.2 };
+        let span = if hi > lo {
+            hi - lo
+        } else {
+            lo.abs().max(1.0) * 0.2
+        };
         (lo - span * pad, hi + span * pad)
     }
 }
@@ -124,7 +132,11 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 fn linear_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let raw = (hi - lo) / 6.0;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
     let mut v = (lo / step).ceil() * step;
     let mut out = Vec::new();
     while v <= hi + step * 1e-9 {
@@ -153,7 +165,12 @@ impl LineChart {
     pub fn scene(&self) -> Scene {
         let mut sc = Scene::new(WIDTH, HEIGHT);
         let cw = TextSize::Normal.char_width();
-        let legend_chars = self.series.iter().map(|s| shorten(&s.name).chars().count()).max().unwrap_or(0);
+        let legend_chars = self
+            .series
+            .iter()
+            .map(|s| shorten(&s.name).chars().count())
+            .max()
+            .unwrap_or(0);
         let legend_w = (legend_chars as f64 * cw + 56.0).max(120.0);
         let (left, top) = (86.0, 52.0);
         let (right, bottom) = (WIDTH as f64 - legend_w - 24.0, HEIGHT as f64 - 66.0);
@@ -163,7 +180,9 @@ impl LineChart {
         xs.sort_by(f64::total_cmp);
         xs.dedup();
         let (xlo, xhi) = padded_range(xs.iter().copied(), self.x_log, 0.06);
-        let ys = pts().flat_map(|p| [p.y, p.lo, p.hi]).chain(self.reference.as_ref().map(|r| r.0));
+        let ys = pts()
+            .flat_map(|p| [p.y, p.lo, p.hi])
+            .chain(self.reference.as_ref().map(|r| r.0));
         let (ylo, yhi) = padded_range(ys, self.y_log, 0.08);
         let x = Axis {
             log: self.x_log,
@@ -182,7 +201,11 @@ impl LineChart {
         // Pixel-centred positions keep 1-px grid lines crisp in the PNG.
         let crisp = |v: f64| v.round() + 0.5;
 
-        let y_ticks = if self.y_log { log_ticks(ylo, yhi) } else { linear_ticks(ylo, yhi) };
+        let y_ticks = if self.y_log {
+            log_ticks(ylo, yhi)
+        } else {
+            linear_ticks(ylo, yhi)
+        };
         for &t in &y_ticks {
             let py = crisp(y.map(t));
             sc.line(vec![(left, py), (right, py)], GRID, 1.0);
@@ -191,7 +214,12 @@ impl LineChart {
         for &t in &x_ticks(&xs) {
             let px = crisp(x.map(t));
             sc.line(vec![(px, top), (px, bottom)], GRID, 1.0);
-            sc.text((px, bottom + 14.0), tick_text(t), TextSize::Small, Anchor::Middle);
+            sc.text(
+                (px, bottom + 14.0),
+                tick_text(t),
+                TextSize::Small,
+                Anchor::Middle,
+            );
         }
         sc.shapes.push(Shape::Rect {
             x: left.round() + 0.5,
@@ -217,7 +245,8 @@ impl LineChart {
 
         for (i, s) in self.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let mut points: Vec<&ChartPoint> = s.points.iter().filter(|p| p.y.is_finite()).collect();
+            let mut points: Vec<&ChartPoint> =
+                s.points.iter().filter(|p| p.y.is_finite()).collect();
             points.sort_by(|a, b| a.x.total_cmp(&b.x));
             for p in &points {
                 let px = x.map(p.x);
@@ -228,7 +257,11 @@ impl LineChart {
                     sc.line(vec![(px - 4.0, b), (px + 4.0, b)], color, 1.5);
                 }
             }
-            sc.line(points.iter().map(|p| (x.map(p.x), y.map(p.y))).collect(), color, 2.0);
+            sc.line(
+                points.iter().map(|p| (x.map(p.x), y.map(p.y))).collect(),
+                color,
+                2.0,
+            );
             for p in &points {
                 sc.shapes.push(Shape::Dot {
                     center: (x.map(p.x), y.map(p.y)),
@@ -247,11 +280,26 @@ impl LineChart {
                 color,
                 tip: Some(s.name.clone()),
             });
-            sc.text((lx + 36.0, ly), shorten(&s.name), TextSize::Normal, Anchor::Start);
+            sc.text(
+                (lx + 36.0, ly),
+                shorten(&s.name),
+                TextSize::Normal,
+                Anchor::Start,
+            );
         }
 
-        sc.text((WIDTH as f64 / 2.0, 24.0), &self.title, TextSize::Title, Anchor::Middle);
-        sc.text(((left + right) / 2.0, HEIGHT as f64 - 22.0), &self.x_label, TextSize::Normal, Anchor::Middle);
+        sc.text(
+            (WIDTH as f64 / 2.0, 24.0),
+            &self.title,
+            TextSize::Title,
+            Anchor::Middle,
+        );
+        sc.text(
+            ((left + right) / 2.0, HEIGHT as f64 - 22.0),
+            &self.x_label,
+            TextSize::Normal,
+            Anchor::Middle,
+        );
         sc.shapes.push(Shape::Text {
             at: (22.0, (top + bottom) / 2.0),
             text: self.y_label.clone(),
@@ -270,9 +318,15 @@ mod tests {
 
     #[test]
     fn ticks_are_round_numbers_inside_the_range() {
-        assert_eq!(log_ticks(0.9, 120.0), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
+        assert_eq!(
+            log_ticks(0.9, 120.0),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
         assert_eq!(log_ticks(0.5, 5000.0), vec![1.0, 10.0, 100.0, 1000.0]);
-        assert_eq!(linear_ticks(0.0, 3.0), vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+        assert_eq!(
+            linear_ticks(0.0, 3.0),
+            vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+        );
         assert_eq!(tick_text(4096.0), "4096");
         assert_eq!(tick_text(0.05), "0.05");
         assert_eq!(tick_text(2.5), "2.5");

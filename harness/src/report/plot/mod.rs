@@ -16,6 +16,7 @@ pub use chart::{ChartPoint, ChartSeries, LineChart};
 pub fn write_chart(chart: &LineChart, dir: &Path, stem: &str) -> Result<()> {
     let scene = chart.scene();
     let svg_path = dir.join(format!("{stem}.svg"));
-    std::fs::write(&svg_path, svg::render(&scene)).with_context(|| format!("writing {}", svg_path.display()))?;
+    std::fs::write(&svg_path, svg::render(&scene))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
     raster::write_png(&scene, &dir.join(format!("{stem}.png")))
 }

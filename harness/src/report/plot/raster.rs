@@ -52,7 +52,12 @@ impl Canvas {
     /// Blends `color` through a coverage mask over the pixel box `[x0, x1) × [y0, y1)`, where
     /// `cover(px, py)` gives the coverage of the pixel whose centre is (px, py). One mask per
     /// shape, so overlapping segments of a polyline do not darken their joints.
-    fn fill_coverage(&mut self, bbox: (f64, f64, f64, f64), color: Rgb, cover: impl Fn(f64, f64) -> f32) {
+    fn fill_coverage(
+        &mut self,
+        bbox: (f64, f64, f64, f64),
+        color: Rgb,
+        cover: impl Fn(f64, f64) -> f32,
+    ) {
         let x0 = bbox.0.floor().max(0.0) as i64;
         let y0 = bbox.1.floor().max(0.0) as i64;
         let x1 = (bbox.2.ceil() as i64).min(self.width as i64);
@@ -110,7 +115,15 @@ fn dash_segments(points: &[(f64, f64)], on: f64, off: f64) -> Vec<((f64, f64), (
     out
 }
 
-fn draw_text(canvas: &mut Canvas, at: (f64, f64), text: &str, size: TextSize, anchor: Anchor, color: Rgb, vertical: bool) {
+fn draw_text(
+    canvas: &mut Canvas,
+    at: (f64, f64),
+    text: &str,
+    size: TextSize,
+    anchor: Anchor,
+    color: Rgb,
+    vertical: bool,
+) {
     let rh = raster_height(size);
     let cw = char_width(size) as f64;
     let h = rh.val() as f64;
@@ -161,34 +174,67 @@ pub fn render(scene: &Scene) -> Canvas {
                     continue;
                 }
                 let pad = width / 2.0 + 1.0;
-                let b = segs.iter().fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, (p, q)| {
-                    (b.0.min(p.0).min(q.0), b.1.min(p.1).min(q.1), b.2.max(p.0).max(q.0), b.3.max(p.1).max(q.1))
-                });
+                let b = segs
+                    .iter()
+                    .fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, (p, q)| {
+                        (
+                            b.0.min(p.0).min(q.0),
+                            b.1.min(p.1).min(q.1),
+                            b.2.max(p.0).max(q.0),
+                            b.3.max(p.1).max(q.1),
+                        )
+                    });
                 let bbox = (b.0 - pad, b.1 - pad, b.2 + pad, b.3 + pad);
                 let half = width / 2.0;
                 canvas.fill_coverage(bbox, *color, |x, y| {
-                    let d = segs.iter().map(|(a, b)| dist_to_segment((x, y), *a, *b)).fold(f64::MAX, f64::min);
+                    let d = segs
+                        .iter()
+                        .map(|(a, b)| dist_to_segment((x, y), *a, *b))
+                        .fold(f64::MAX, f64::min);
                     (half + 0.5 - d).clamp(0.0, 1.0) as f32
                 });
             }
-            Shape::Dot { center, radius, color, .. } => {
+            Shape::Dot {
+                center,
+                radius,
+                color,
+                ..
+            } => {
                 let (cx, cy, r) = (center.0, center.1, *radius);
-                canvas.fill_coverage((cx - r - 1.0, cy - r - 1.0, cx + r + 1.0, cy + r + 1.0), *color, |x, y| {
-                    let d = ((x - cx).powi(2) + (y - cy).powi(2)).sqrt();
-                    (r + 0.5 - d).clamp(0.0, 1.0) as f32
-                });
+                canvas.fill_coverage(
+                    (cx - r - 1.0, cy - r - 1.0, cx + r + 1.0, cy + r + 1.0),
+                    *color,
+                    |x, y| {
+                        let d = ((x - cx).powi(2) + (y - cy).powi(2)).sqrt();
+                        (r + 0.5 - d).clamp(0.0, 1.0) as f32
+                    },
+                );
             }
-            Shape::Rect { x, y, w, h, fill, stroke } => {
+            Shape::Rect {
+                x,
+                y,
+                w,
+                h,
+                fill,
+                stroke,
+            } => {
                 if let Some(fill) = fill {
                     canvas.fill_coverage((*x, *y, x + w, y + h), *fill, |_, _| 1.0);
                 }
                 if let Some(stroke) = stroke {
                     let outline = [(*x, *y), (x + w, *y), (x + w, y + h), (*x, y + h), (*x, *y)];
                     let segs: Vec<_> = outline.windows(2).map(|s| (s[0], s[1])).collect();
-                    canvas.fill_coverage((x - 2.0, y - 2.0, x + w + 2.0, y + h + 2.0), *stroke, |px, py| {
-                        let d = segs.iter().map(|(a, b)| dist_to_segment((px, py), *a, *b)).fold(f64::MAX, f64::min);
-                        (1.0 - d).clamp(0.0, 1.0) as f32
-                    });
+                    canvas.fill_coverage(
+                        (x - 2.0, y - 2.0, x + w + 2.0, y + h + 2.0),
+                        *stroke,
+                        |px, py| {
+                            let d = segs
+                                .iter()
+                                .map(|(a, b)| dist_to_segment((px, py), *a, *b))
+                                .fold(f64::MAX, f64::min);
+                            (1.0 - d).clamp(0.0, 1.0) as f32
+                        },
+                    );
                 }
             }
             Shape::Text {
@@ -213,7 +259,8 @@ pub fn write_png(scene: &Scene, path: &Path) -> Result<()> {
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         let mut w = enc.write_header().context("encoding PNG")?;
-        w.write_image_data(&canvas.to_rgb8()).context("encoding PNG")?;
+        w.write_image_data(&canvas.to_rgb8())
+            .context("encoding PNG")?;
     }
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
@@ -226,7 +273,10 @@ mod tests {
     fn dashes_alternate_along_the_whole_polyline() {
         let d = dash_segments(&[(0.0, 0.0), (10.0, 0.0), (10.0, 10.0)], 4.0, 2.0);
         // Along the path: on 0–4 and 6–10 (the corner), then 12–16 and 18–20 on the second leg.
-        let lens: Vec<f64> = d.iter().map(|(a, b)| ((b.0 - a.0).abs() + (b.1 - a.1).abs())).collect();
+        let lens: Vec<f64> = d
+            .iter()
+            .map(|(a, b)| (b.0 - a.0).abs() + (b.1 - a.1).abs())
+            .collect();
         assert_eq!(d[0], ((0.0, 0.0), (4.0, 0.0)));
         assert_eq!(d[1], ((6.0, 0.0), (10.0, 0.0)));
         assert_eq!(d[2], ((10.0, 2.0), (10.0, 6.0)));

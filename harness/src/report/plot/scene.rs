@@ -117,7 +117,13 @@ impl Scene {
         });
     }
 
-    pub fn text(&mut self, at: (f64, f64), text: impl Into<String>, size: TextSize, anchor: Anchor) {
+    pub fn text(
+        &mut self,
+        at: (f64, f64),
+        text: impl Into<String>,
+        size: TextSize,
+        anchor: Anchor,
+    ) {
         self.shapes.push(Shape::Text {
             at,
             text: text.into(),

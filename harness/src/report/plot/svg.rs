@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 use super::scene::{Anchor, Scene, Shape, TextSize};
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// The font size whose monospace advance equals the raster font's character width.
@@ -15,7 +18,11 @@ fn font_px(size: TextSize) -> f64 {
 }
 
 fn points_attr(points: &[(f64, f64)]) -> String {
-    points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect::<Vec<_>>().join(" ")
+    points
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn render(scene: &Scene) -> String {
@@ -35,7 +42,9 @@ pub fn render(scene: &Scene) -> String {
                 width,
                 dash,
             } => {
-                let dash = dash.map_or(String::new(), |(on, off)| format!(r#" stroke-dasharray="{on} {off}""#));
+                let dash = dash.map_or(String::new(), |(on, off)| {
+                    format!(r#" stroke-dasharray="{on} {off}""#)
+                });
                 let _ = writeln!(
                     s,
                     r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="{width}" stroke-linejoin="round" stroke-linecap="round"{dash}/>"#,
@@ -49,7 +58,9 @@ pub fn render(scene: &Scene) -> String {
                 color,
                 tip,
             } => {
-                let title = tip.as_ref().map_or(String::new(), |t| format!("<title>{}</title>", escape(t)));
+                let title = tip
+                    .as_ref()
+                    .map_or(String::new(), |t| format!("<title>{}</title>", escape(t)));
                 let _ = writeln!(
                     s,
                     r#"<circle cx="{:.1}" cy="{:.1}" r="{radius}" fill="{}">{title}</circle>"#,
@@ -58,10 +69,20 @@ pub fn render(scene: &Scene) -> String {
                     color.hex()
                 );
             }
-            Shape::Rect { x, y, w, h, fill, stroke } => {
+            Shape::Rect {
+                x,
+                y,
+                w,
+                h,
+                fill,
+                stroke,
+            } => {
                 let fill = fill.map_or("none".to_string(), |c| c.hex());
                 let stroke = stroke.map_or(String::new(), |c| format!(r#" stroke="{}""#, c.hex()));
-                let _ = writeln!(s, r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}"{stroke}/>"#);
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}"{stroke}/>"#
+                );
             }
             Shape::Text {
                 at,

@@ -111,7 +111,7 @@ fn dims(size: Size) -> Dims {
 
 impl Dims {
     fn is_full_attention(&self, layer: usize) -> bool {
-        (layer + 1) % self.interval == 0
+        (layer + 1).is_multiple_of(self.interval)
     }
 
     /// Channels of the depthwise conv: q, k (`Hk·Dk` each) and v (`Hv·Dv`).
@@ -365,9 +365,18 @@ impl Tensors<'_> {
         }
     }
 
-    fn linear(&mut self, name: &str, out: usize, inp: usize, gain: f32) {
+    fn linear_with_gain(&mut self, name: &str, out: usize, inp: usize, gain: f32) {
         let std = gain / (inp as f32).sqrt();
         self.push(name, &[out, inp], Init::normal(std), Store::Matrix);
+    }
+
+    fn linear(&mut self, name: &str, out: usize, inp: usize) {
+        self.linear_with_gain(name, out, inp, 1.0);
+    }
+
+    /// A projection that writes into the residual stream.
+    fn residual(&mut self, name: &str, out: usize, inp: usize) {
+        self.linear_with_gain(name, out, inp, RESIDUAL_GAIN);
     }
 
     /// A `Qwen3_5RMSNorm` weight: the multiplier in mlx folders, the offset from 1 in hf ones
@@ -386,15 +395,10 @@ impl Tensors<'_> {
         let d = self.d;
         let (q_dim, kv_dim) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
         // q_proj yields [query | gate] per head.
-        self.linear(&format!("{p}.self_attn.q_proj.weight"), 2 * q_dim, d.hidden, 1.0);
-        self.linear(&format!("{p}.self_attn.k_proj.weight"), kv_dim, d.hidden, 1.0);
-        self.linear(&format!("{p}.self_attn.v_proj.weight"), kv_dim, d.hidden, 1.0);
-        self.linear(
-            &format!("{p}.self_attn.o_proj.weight"),
-            d.hidden,
-            q_dim,
-            RESIDUAL_GAIN,
-        );
+        self.linear(&format!("{p}.self_attn.q_proj.weight"), 2 * q_dim, d.hidden);
+        self.linear(&format!("{p}.self_attn.k_proj.weight"), kv_dim, d.hidden);
+        self.linear(&format!("{p}.self_attn.v_proj.weight"), kv_dim, d.hidden);
+        self.residual(&format!("{p}.self_attn.o_proj.weight"), d.hidden, q_dim);
         self.decoder_norm(&format!("{p}.self_attn.q_norm.weight"), d.head_dim);
         self.decoder_norm(&format!("{p}.self_attn.k_norm.weight"), d.head_dim);
     }
@@ -403,16 +407,11 @@ impl Tensors<'_> {
         let d = self.d;
         let value_dim = d.v_heads * d.v_dim;
         let a = format!("{p}.linear_attn");
-        self.linear(&format!("{a}.in_proj_qkv.weight"), d.conv_dim(), d.hidden, 1.0);
-        self.linear(&format!("{a}.in_proj_z.weight"), value_dim, d.hidden, 1.0);
-        self.linear(&format!("{a}.in_proj_b.weight"), d.v_heads, d.hidden, 1.0);
-        self.linear(&format!("{a}.in_proj_a.weight"), d.v_heads, d.hidden, 1.0);
-        self.linear(
-            &format!("{a}.out_proj.weight"),
-            d.hidden,
-            value_dim,
-            RESIDUAL_GAIN,
-        );
+        self.linear(&format!("{a}.in_proj_qkv.weight"), d.conv_dim(), d.hidden);
+        self.linear(&format!("{a}.in_proj_z.weight"), value_dim, d.hidden);
+        self.linear(&format!("{a}.in_proj_b.weight"), d.v_heads, d.hidden);
+        self.linear(&format!("{a}.in_proj_a.weight"), d.v_heads, d.hidden);
+        self.residual(&format!("{a}.out_proj.weight"), d.hidden, value_dim);
         let conv_shape = match self.layout {
             Layout::Hf => [d.conv_dim(), 1, d.conv_kernel],
             Layout::Mlx => [d.conv_dim(), d.conv_kernel, 1],
@@ -461,13 +460,16 @@ impl Tensors<'_> {
         let d = self.d;
         self.decoder_norm(&format!("{p}.input_layernorm.weight"), d.hidden);
         self.decoder_norm(&format!("{p}.post_attention_layernorm.weight"), d.hidden);
-        self.linear(&format!("{p}.mlp.gate_proj.weight"), d.intermediate, d.hidden, 1.0);
-        self.linear(&format!("{p}.mlp.up_proj.weight"), d.intermediate, d.hidden, 1.0);
         self.linear(
+            &format!("{p}.mlp.gate_proj.weight"),
+            d.intermediate,
+            d.hidden,
+        );
+        self.linear(&format!("{p}.mlp.up_proj.weight"), d.intermediate, d.hidden);
+        self.residual(
             &format!("{p}.mlp.down_proj.weight"),
             d.hidden,
             d.intermediate,
-            RESIDUAL_GAIN,
         );
     }
 }
@@ -510,7 +512,7 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
     }
     // mlx-lm drops the MTP head when converting; the published checkpoint has one layer.
     if layout == Layout::Hf {
-        t.linear("mtp.fc.weight", d.hidden, 2 * d.hidden, 1.0);
+        t.linear("mtp.fc.weight", d.hidden, 2 * d.hidden);
         t.decoder_norm("mtp.pre_fc_norm_embedding.weight", d.hidden);
         t.decoder_norm("mtp.pre_fc_norm_hidden.weight", d.hidden);
         t.full_attention_layer("mtp.layers.0");

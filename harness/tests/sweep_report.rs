@@ -1,0 +1,533 @@
+//! A small sweep through the CLI → jsonl → `harness report` → tables and plots, checked
+//! against the jsonl's own numbers; joins of two files along commits; criterion's format.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use harness::machine::Machine;
+use harness::report::{compare, criterion::read_criterion, tables, Crossover, Sides};
+use harness::sweep::Measurement;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_harness");
+
+fn harness(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the harness binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs())
+}
+
+/// The first number in a table cell such as `12.3 (11.9–12.8)`.
+fn leading_number(cell: &str) -> f64 {
+    cell.split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("no number in {cell:?}"))
+}
+
+#[test]
+fn sweep_then_report_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let jsonl = tmp.path().join("sweep.jsonl");
+    let out_dir = tmp.path().join("report");
+    let (ok, _, err) = harness(&[
+        "sweep",
+        "--synth",
+        "qwen3_5:tiny",
+        "--lengths",
+        "8,40",
+        "--paths",
+        "gdn=perstep,gdn=chunked",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "3",
+        "--out",
+        jsonl.to_str().unwrap(),
+    ]);
+    assert!(ok, "sweep failed: {err}");
+
+    // One line per (length, path), paths interleaved inside each length, every field there.
+    let lines: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order: Vec<(u64, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["prompt_tokens"].as_u64().unwrap(),
+                l["path"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (8, "gdn=perstep"),
+            (8, "gdn=chunked"),
+            (40, "gdn=perstep"),
+            (40, "gdn=chunked")
+        ]
+    );
+    for l in &lines {
+        assert!(!l["machine"]["cpu"].as_str().unwrap().is_empty(), "{l}");
+        assert!(l["machine"]["cores"].as_u64().unwrap() >= 1, "{l}");
+        assert_eq!(l["backend"], "cpu");
+        assert!(l.get("commit").is_some(), "{l}");
+        assert_eq!(l["model"], "qwen3_5:tiny:f32:hf");
+        assert_eq!(l["repeat"], 0);
+        assert_eq!(l["generated_tokens"], 3);
+        let ttft = l["ttft_ms"].as_f64().unwrap();
+        assert!(ttft > 0.0);
+        let len = l["prompt_tokens"].as_f64().unwrap();
+        assert!(
+            close(
+                l["prefill_tokens_per_s"].as_f64().unwrap(),
+                len / (ttft / 1e3),
+                1e-6
+            ),
+            "{l}"
+        );
+        assert!(l["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+        let hash = l["output_sha256"].as_str().unwrap();
+        assert!(
+            hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()),
+            "{hash}"
+        );
+    }
+    let line = |len: u64, path: &str| {
+        lines
+            .iter()
+            .find(|l| l["prompt_tokens"] == len && l["path"] == path)
+            .unwrap()
+    };
+
+    let (ok, stdout, err) = harness(&[
+        "report",
+        jsonl.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "report failed: {err}");
+    assert!(stdout.contains("gdn=perstep TTFT ms"), "{stdout}");
+    for f in [
+        "report.md",
+        "report.csv",
+        "report.json",
+        "ttft.svg",
+        "ttft.png",
+        "speedup.svg",
+        "speedup.png",
+    ] {
+        assert!(out_dir.join(f).is_file(), "{f} missing");
+    }
+
+    // JSON: medians of one measurement are that measurement; parity from the hashes.
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(doc["baseline"], "gdn=perstep");
+    assert_eq!(doc["compare"], "gdn=chunked");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let len = r["prompt_tokens"].as_u64().unwrap();
+        let (b, c) = (line(len, "gdn=perstep"), line(len, "gdn=chunked"));
+        let (tb, tc) = (
+            b["ttft_ms"].as_f64().unwrap(),
+            c["ttft_ms"].as_f64().unwrap(),
+        );
+        assert!(close(
+            r["baseline"]["ttft_ms"]["median"].as_f64().unwrap(),
+            tb,
+            1e-12
+        ));
+        assert!(close(
+            r["compare"]["ttft_ms"]["median"].as_f64().unwrap(),
+            tc,
+            1e-12
+        ));
+        assert!(close(r["speedup"].as_f64().unwrap(), tb / tc, 1e-12));
+        let same = b["output_sha256"] == c["output_sha256"];
+        assert_eq!(r["parity"], if same { "identical" } else { "differs" });
+    }
+
+    // CSV: the same numbers at full precision.
+    let csv = std::fs::read_to_string(out_dir.join("report.csv")).unwrap();
+    let mut csv_lines = csv.lines();
+    let header: Vec<&str> = csv_lines.next().unwrap().split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+    };
+    // The machine column may be quoted and hold commas: read the fields after it by position
+    // from the end, which holds only numbers and words.
+    for l in csv_lines {
+        let fields: Vec<&str> = l.split(',').collect();
+        let from_end = |name: &str| fields[fields.len() - (header.len() - col(name))];
+        let len: u64 = fields[col("prompt_tokens")].parse().unwrap();
+        let b: f64 = from_end("baseline_ttft_ms_median").parse().unwrap();
+        let c: f64 = from_end("compare_ttft_ms_median").parse().unwrap();
+        assert!(close(
+            b,
+            line(len, "gdn=perstep")["ttft_ms"].as_f64().unwrap(),
+            1e-12
+        ));
+        assert!(close(
+            c,
+            line(len, "gdn=chunked")["ttft_ms"].as_f64().unwrap(),
+            1e-12
+        ));
+    }
+
+    // Markdown: the rounded medians and speedup in the table (three significant digits).
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    for len in [8u64, 40] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| qwen3_5:tiny:f32:hf | {len} |")))
+            .unwrap_or_else(|| panic!("no table row for {len}:\n{md}"));
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let (tb, tc) = (
+            line(len, "gdn=perstep")["ttft_ms"].as_f64().unwrap(),
+            line(len, "gdn=chunked")["ttft_ms"].as_f64().unwrap(),
+        );
+        assert!(close(leading_number(cells[2]), tb, 6e-3), "{row} vs {tb}");
+        assert!(close(leading_number(cells[3]), tc, 6e-3), "{row} vs {tc}");
+        assert!(
+            (leading_number(cells[4]) - tb / tc).abs() <= 0.0051,
+            "{row}"
+        );
+    }
+    assert!(md.contains("**Crossover**"), "{md}");
+    assert!(md.contains("![TTFT vs prompt length](ttft.svg)"));
+
+    // SVG: every point carries its value as a tooltip.
+    let svg = std::fs::read_to_string(out_dir.join("ttft.svg")).unwrap();
+    for l in &lines {
+        let (path, len, t) = (
+            l["path"].as_str().unwrap(),
+            l["prompt_tokens"].as_u64().unwrap(),
+            l["ttft_ms"].as_f64().unwrap(),
+        );
+        let key = format!("<title>{path}: {len} tokens, TTFT ");
+        let at = svg
+            .find(&key)
+            .unwrap_or_else(|| panic!("no point {key} in ttft.svg"));
+        let shown = leading_number(&svg[at + key.len()..]);
+        assert!(close(shown, t, 6e-3), "{key}{shown} vs {t}");
+    }
+    let svg = std::fs::read_to_string(out_dir.join("speedup.svg")).unwrap();
+    assert!(svg.contains("1.0 = same speed"));
+    for len in [8u64, 40] {
+        let key = format!("<title>{len} tokens: speedup ");
+        let at = svg
+            .find(&key)
+            .unwrap_or_else(|| panic!("no point {key} in speedup.svg"));
+        let s = leading_number(&svg[at + key.len()..].replace('<', " "));
+        let expect = line(len, "gdn=perstep")["ttft_ms"].as_f64().unwrap()
+            / line(len, "gdn=chunked")["ttft_ms"].as_f64().unwrap();
+        assert!((s - expect).abs() <= 6e-4, "{s} vs {expect}");
+    }
+
+    // PNG: a real image of the laid-out size, in the series' colours (tab10 blue and orange).
+    for png_name in ["ttft.png", "speedup.png"] {
+        let decoder = png::Decoder::new(std::io::BufReader::new(
+            std::fs::File::open(out_dir.join(png_name)).unwrap(),
+        ));
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (960, 560));
+        let px: Vec<[u8; 3]> = buf[..info.buffer_size()]
+            .chunks(3)
+            .map(|c| [c[0], c[1], c[2]])
+            .collect();
+        assert!(
+            px.contains(&[0x1f, 0x77, 0xb4]),
+            "{png_name}: no blue series pixels"
+        );
+        if png_name == "ttft.png" {
+            assert!(
+                px.contains(&[0xff, 0x7f, 0x0e]),
+                "{png_name}: no orange series pixels"
+            );
+        }
+    }
+}
+
+#[test]
+fn sweep_errors_name_the_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.jsonl");
+    let (ok, _, err) = harness(&[
+        "sweep",
+        "--synth",
+        "qwen3_5:tiny",
+        "--lengths",
+        "8",
+        "--paths",
+        "gdn=fast",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("`fast`") && err.contains("perstep"),
+        "{err}"
+    );
+    let (ok, _, err) = harness(&[
+        "sweep",
+        "--synth",
+        "qwen3_5:tiny",
+        "--lengths",
+        "8,10000000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("prompt length 10000000") && err.contains("context"),
+        "{err}"
+    );
+    assert!(
+        !out.exists() || std::fs::read_to_string(&out).unwrap().is_empty(),
+        "nothing is measured before validation"
+    );
+}
+
+fn row(commit: &str, cpu: &str, len: usize, ttft_ms: f64, hash: &str) -> Measurement {
+    Measurement {
+        machine: Machine {
+            cpu: cpu.into(),
+            cores: 8,
+        },
+        backend: "cpu".into(),
+        commit: Some(commit.into()),
+        label: None,
+        model: "qwen3_5:bench:bf16:hf".into(),
+        path: "gdn=chunked".into(),
+        prompt_tokens: len,
+        repeat: 0,
+        prompt_seed: 0,
+        max_tokens: 8,
+        generated_tokens: 8,
+        ttft_ms,
+        prefill_tokens_per_s: len as f64 / ttft_ms * 1e3,
+        decode_tokens_per_s: 50.0,
+        output_sha256: Some(hash.into()),
+    }
+}
+
+fn write_jsonl(path: &Path, rows: &[Measurement]) {
+    let text: String = rows
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn two_files_from_different_commits_join_on_the_other_keys() {
+    // Old commit: 10 ms per 64 tokens. New commit: slower at 64, faster from 128 on.
+    let old: Vec<Measurement> = [(64, 10.0), (128, 20.0), (256, 40.0)]
+        .iter()
+        .flat_map(|&(len, t)| [t, t * 1.1, t * 0.9].map(|x| row("aaa1111", "EPYC", len, x, "h1")))
+        .collect();
+    let new: Vec<Measurement> = [(64, 12.5), (128, 16.0), (256, 20.0)]
+        .iter()
+        .map(|&(len, t)| {
+            row(
+                "bbb2222",
+                "EPYC",
+                len,
+                t,
+                if len == 256 { "h2" } else { "h1" },
+            )
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("old.jsonl"), tmp.path().join("new.jsonl"));
+    write_jsonl(&a, &old);
+    write_jsonl(&b, &new);
+    let out_dir = tmp.path().join("r");
+    let (ok, stdout, err) = harness(&[
+        "report",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--baseline",
+        "commit=aaa",
+        "--compare",
+        "commit=bbb",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let header = stdout.lines().find(|l| l.starts_with("| model")).unwrap();
+    // The path is the same on both sides: a note above the table, not a column.
+    assert_eq!(header, "| model | prompt tokens | commit=aaa1111 TTFT ms | commit=bbb2222 TTFT ms | speedup | parity |");
+    assert!(stdout.contains("path: `gdn=chunked`"), "{stdout}");
+    let table: BTreeMap<usize, Vec<String>> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| qwen3_5"))
+        .map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect();
+            (cells[1].parse().unwrap(), cells)
+        })
+        .collect();
+    // Medians of (t, 1.1t, 0.9t) are t; p10–p90 interpolate between 0.9t and t, t and 1.1t.
+    assert_eq!(table[&64][2], "10.0 (9.20–10.8)");
+    assert_eq!(table[&64][4], "0.80");
+    assert_eq!(table[&128][4], "1.25");
+    assert_eq!(table[&256][4], "2.00");
+    assert_eq!(table[&64][5], "identical");
+    assert_eq!(table[&256][5], "differs");
+    assert!(
+        stdout.contains("commit=bbb2222 is faster than commit=aaa1111 from 128 prompt tokens up"),
+        "{stdout}"
+    );
+
+    // Through the library: the same join, and a machine column once machines differ.
+    let mut rows = old.clone();
+    rows.extend(new.clone());
+    let c = compare(
+        &rows,
+        &Sides {
+            baseline: Some("commit=aaa".into()),
+            compare: Some("commit=bbb".into()),
+        },
+    )
+    .unwrap();
+    assert_eq!(c.groups.len(), 1);
+    assert_eq!(c.groups[0].crossover, Some(Crossover::From(128)));
+    rows.extend(old.iter().map(|r| Measurement {
+        machine: Machine {
+            cpu: "Apple M3".into(),
+            cores: 8,
+        },
+        ..r.clone()
+    }));
+    rows.extend(new.iter().map(|r| Measurement {
+        machine: Machine {
+            cpu: "Apple M3".into(),
+            cores: 8,
+        },
+        ttft_ms: r.ttft_ms * 4.0,
+        ..r.clone()
+    }));
+    let c = compare(
+        &rows,
+        &Sides {
+            baseline: Some("commit=aaa".into()),
+            compare: Some("commit=bbb".into()),
+        },
+    )
+    .unwrap();
+    let md = tables::markdown(&c, &[]);
+    assert!(
+        md.contains("| model | prompt tokens | machine | commit=aaa1111 TTFT ms"),
+        "{md}"
+    );
+    let crossovers: Vec<_> = c
+        .groups
+        .iter()
+        .map(|g| (g.name.clone(), g.crossover))
+        .collect();
+    assert!(
+        crossovers.contains(&("machine=Apple M3 (8 cores)".into(), Some(Crossover::Never))),
+        "{crossovers:?}"
+    );
+    assert!(
+        crossovers.contains(&("machine=EPYC (8 cores)".into(), Some(Crossover::From(128)))),
+        "{crossovers:?}"
+    );
+
+    // Selectors that match nothing or too much are errors naming what exists.
+    let e = compare(
+        &rows,
+        &Sides {
+            baseline: Some("commit=ccc".into()),
+            compare: None,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("no measurements with commit `ccc`") && e.contains("aaa1111"),
+        "{e}"
+    );
+    let e = compare(
+        &rows,
+        &Sides {
+            baseline: Some("machine=8 cores".into()),
+            compare: None,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("ambiguous"), "{e}");
+}
+
+#[test]
+fn criterion_samples_become_measurements() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = |path: &str, len: usize, times: &[f64]| {
+        let dir = tmp
+            .path()
+            .join("ttft_qwen3_5_bench")
+            .join(path.replace('=', "_"))
+            .join(len.to_string())
+            .join("new");
+        std::fs::create_dir_all(&dir).unwrap();
+        let b = serde_json::json!({"group_id": "ttft/qwen3_5:bench:bf16:hf", "function_id": path, "value_str": len.to_string(),
+            "throughput": {"Elements": len}, "full_id": "x", "directory_name": "x", "title": "x"});
+        std::fs::write(dir.join("benchmark.json"), b.to_string()).unwrap();
+        let s = serde_json::json!({"sampling_mode": "Flat", "iters": vec![2.0; times.len()], "times": times});
+        std::fs::write(dir.join("sample.json"), s.to_string()).unwrap();
+    };
+    // 2 iterations per sample: per-request times are 5, 6, 7 ms and 2, 2, 2 ms.
+    bench("gdn=perstep", 64, &[10e6, 12e6, 14e6]);
+    bench("gdn=chunked", 64, &[4e6, 4e6, 4e6]);
+    // A `base` folder (an older run) is ignored.
+    let base = tmp.path().join("ttft_qwen3_5_bench/old/64/base");
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::write(base.join("benchmark.json"), "not json").unwrap();
+
+    let rows = read_criterion(tmp.path()).unwrap();
+    assert_eq!(rows.len(), 6);
+    let c = compare(
+        &rows,
+        &Sides {
+            baseline: Some("gdn=perstep".into()),
+            compare: Some("gdn=chunked".into()),
+        },
+    )
+    .unwrap();
+    let r = &c.rows[0];
+    assert_eq!(r.prompt_tokens, 64);
+    assert_eq!(r.baseline.as_ref().unwrap().ttft_ms.median, 6.0);
+    assert_eq!(r.compare.as_ref().unwrap().ttft_ms.median, 2.0);
+    assert_eq!(r.speedup, Some(3.0));
+    assert_eq!(r.parity.map(|p| p.name()), Some("unknown"));
+    assert!(read_criterion(&tmp.path().join("missing")).is_err());
+}
