@@ -1,5 +1,6 @@
 //! Verification and benchmarks for the engine: synthetic checkpoints (`synth`), and more.
 
+pub mod cli;
 pub mod golden;
 pub mod machine;
 pub mod models;
@@ -7,5 +8,6 @@ pub mod oracle;
 pub mod parity;
 pub mod paths;
 pub mod report;
+pub mod run;
 pub mod sweep;
 pub mod synth;

@@ -68,7 +68,14 @@ pub fn read_criterion(dir: &Path) -> Result<Vec<Measurement>> {
     }
     let mut files = Vec::new();
     find_benchmarks(dir, &mut files)?;
-    files.sort();
+    // In the order criterion ran them (its sample files' write times), so the default
+    // baseline is the bench's first path, as with a sweep's first line.
+    files.sort_by_key(|f| {
+        let written = std::fs::metadata(f.with_file_name("sample.json"))
+            .and_then(|m| m.modified())
+            .ok();
+        (written, f.clone())
+    });
     let machine = Machine::current();
     let mut rows = Vec::new();
     for file in files {

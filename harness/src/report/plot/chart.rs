@@ -234,10 +234,11 @@ impl LineChart {
             let py = y.map(*ry);
             sc.dashed(vec![(left, py), (right, py)], AXIS, 1.5, (6.0, 4.0));
             sc.shapes.push(Shape::Text {
-                at: (right - 6.0, py - 11.0),
+                // Under the line at the left edge, where data points rarely are.
+                at: (left + 6.0, py + 11.0),
                 text: label.clone(),
                 size: TextSize::Small,
-                anchor: Anchor::End,
+                anchor: Anchor::Start,
                 color: AXIS,
                 vertical: false,
             });
@@ -248,8 +249,10 @@ impl LineChart {
             let mut points: Vec<&ChartPoint> =
                 s.points.iter().filter(|p| p.y.is_finite()).collect();
             points.sort_by(|a, b| a.x.total_cmp(&b.x));
+            // Bars of different series at one x sit a few pixels apart so both stay visible.
+            let dodge = (i as f64 - (self.series.len() as f64 - 1.0) / 2.0) * 5.0;
             for p in &points {
-                let px = x.map(p.x);
+                let px = x.map(p.x) + dodge;
                 if p.lo.is_finite() && p.hi.is_finite() && p.hi > p.lo {
                     let (a, b) = (y.map(p.lo), y.map(p.hi));
                     sc.line(vec![(px, a), (px, b)], color, 1.5);

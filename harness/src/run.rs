@@ -1,0 +1,129 @@
+//! The main job: what an engine team runs before and after an optimisation. Each stage is the
+//! same command a user would type (so the job and the CLI cannot drift apart); a failing stage
+//! is recorded and the job goes on, then exits non-zero with a summary.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::cli::run_words;
+
+/// Run the main job: goldens, oracle conformance, per-step vs chunked parity, a short TTFT
+/// sweep and a report (markdown, csv, json, svg/png plots) in --out.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Where the report goes.
+    #[arg(long, default_value = "reports/latest")]
+    pub out: PathBuf,
+    /// The model of the TTFT sweep (a synth spec).
+    #[arg(long, default_value = "qwen3_5:bench:bf16")]
+    pub sweep_model: String,
+    /// Prompt lengths of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
+    pub lengths: Vec<usize>,
+    /// Timed repetitions per length and path.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// A fast variant for tests and smoke checks: the sweep runs on qwen3_5:tiny at 64,128
+    /// tokens with one repetition.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl Default for RunArgs {
+    fn default() -> Self {
+        RunArgs {
+            out: PathBuf::from("reports/latest"),
+            sweep_model: "qwen3_5:bench:bf16".into(),
+            lengths: vec![64, 256, 1024],
+            repeats: 3,
+            quick: false,
+        }
+    }
+}
+
+struct Stage {
+    name: String,
+    result: Result<()>,
+    secs: f64,
+}
+
+impl RunArgs {
+    pub fn run(self) -> Result<()> {
+        let (model, lengths, repeats) = if self.quick {
+            ("qwen3_5:tiny".to_string(), vec![64, 128], 1)
+        } else {
+            (self.sweep_model.clone(), self.lengths.clone(), self.repeats)
+        };
+        std::fs::create_dir_all(&self.out).with_context(|| format!("creating {}", self.out.display()))?;
+        let out = self.out.to_string_lossy().into_owned();
+        let sweep_file = self.out.join("sweep.jsonl");
+        // The sweep appends; a fresh job starts a fresh file.
+        if sweep_file.exists() {
+            std::fs::remove_file(&sweep_file).with_context(|| format!("removing {}", sweep_file.display()))?;
+        }
+        let sweep = sweep_file.to_string_lossy().into_owned();
+        let lengths = lengths.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",");
+        let repeats = repeats.to_string();
+        let plan: Vec<(&str, Vec<&str>)> = vec![
+            ("golden check (CPU)", vec!["golden", "check"]),
+            ("oracle check vs mlx-lm", vec!["oracle", "check"]),
+            (
+                "parity gdn=perstep vs gdn=chunked (qwen3_5:tiny)",
+                vec!["parity", "--synth", "qwen3_5:tiny", "--a", "gdn=perstep", "--b", "gdn=chunked"],
+            ),
+            (
+                "TTFT sweep",
+                vec![
+                    "sweep", "--synth", &model, "--lengths", &lengths, "--paths", "gdn=perstep,gdn=chunked",
+                    "--repeats", &repeats, "--out", &sweep,
+                ],
+            ),
+            ("report", vec!["report", &sweep, "--out", &out]),
+        ];
+        let mut stages = Vec::new();
+        for (name, words) in plan {
+            println!("\n=== {name}: harness {}", words.join(" "));
+            let start = Instant::now();
+            let result = run_words(&words);
+            if let Err(e) = &result {
+                println!("!!! {name} failed: {e:#}");
+            }
+            stages.push(Stage {
+                name: name.to_string(),
+                result,
+                secs: start.elapsed().as_secs_f64(),
+            });
+        }
+        let summary = summary(&stages, &self.out);
+        println!("\n{summary}");
+        let path = self.out.join("summary.md");
+        std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
+        let failed = stages.iter().filter(|s| s.result.is_err()).count();
+        if failed > 0 {
+            bail!("{failed} of {} stages failed (see above and {})", stages.len(), path.display());
+        }
+        Ok(())
+    }
+}
+
+fn summary(stages: &[Stage], out: &std::path::Path) -> String {
+    let mut s = String::from("# Main job summary\n\n| stage | verdict | seconds |\n|---|---|--:|\n");
+    for st in stages {
+        let verdict = match &st.result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("FAILED: {}", format!("{e:#}").replace('\n', " ")),
+        };
+        s.push_str(&format!("| {} | {verdict} | {:.1} |\n", st.name, st.secs));
+    }
+    s.push_str(&format!(
+        "\nMachine: {} ({} cores), commit {}. Report: {}/report.md\n",
+        crate::machine::cpu_model(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        crate::machine::commit().unwrap_or_else(|| "unknown".into()),
+        out.display()
+    ));
+    s
+}
