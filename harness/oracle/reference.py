@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Greedy reference outputs of mlx-lm (MLX on CPU, float32) for one model folder.
 
-Loads DIR with mlx_lm.load, then makes the whole model float32:
+Loads DIR with mlx_lm.load, every bf16/f16 tensor widened to float32 as it is read (before the
+model's sanitize, so e.g. Qwen3.5's `norm weight + 1` of original checkpoints is computed in f32
+as transformers does, not rounded to bf16 as plain mlx_lm.load would), then makes the whole model
+float32:
   * every quantized layer (nn.QuantizedLinear / nn.QuantizedEmbedding) is replaced by its dense
     twin whose weight is mx.dequantize(packed, scales, biases, ..., dtype=float32), with affine
     scales/biases first cast to float32, so w = scale*q + bias is evaluated in f32 from the stored
@@ -27,6 +30,7 @@ underflowed to 0 in f32. Files for models without such layers are unchanged by t
 Usage:
   reference.py --model DIR --prompt-ids 1,2,3 [--prompt-ids 4,5 ...] [--chat "text" ...]
                --max-tokens 24 --top 8 --out FILE
+               [--label NAME --synth SPEC --checkpoint-sha256 HEX]   (synthetic folders)
 """
 
 import argparse
@@ -44,6 +48,38 @@ def parse_ids(s: str) -> list[int]:
         return [int(x) for x in s.replace(" ", "").split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated integers, got {s!r}")
+
+
+def widening_f32_loads():
+    """A context in which mx.load widens every bf16/f16 array to float32 as it is read.
+
+    mlx_lm.load reads the safetensors with mx.load, then hands them to the model's sanitize,
+    which may compute with them: Qwen3.5's sanitize turns an original checkpoint's offset norm
+    weights into multipliers with `v + 1.0`, which MLX evaluates in the array's dtype, so a bf16
+    folder would get bf16(1 + w), while transformers computes (1 + w.float()) in f32. Widening
+    first makes every such step f32 (the widening itself is exact, and everything is made f32
+    afterwards anyway). Quantized packs (u32) and fp scales (u8) are left as they are.
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        orig = mx.load
+
+        def load(path, *a, **kw):
+            out = orig(path, *a, **kw)
+            if isinstance(out, dict):
+                return {k: v.astype(mx.float32) if v.dtype in (mx.bfloat16, mx.float16) else v
+                        for k, v in out.items()}
+            return out
+
+        mx.load = load
+        try:
+            yield
+        finally:
+            mx.load = orig
+
+    return ctx()
 
 
 def dequantize_to_f32(model: nn.Module) -> int:
@@ -180,6 +216,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--top", type=int, default=8, help="how many best [id, logprob] pairs to keep per step")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--label", help='the file\'s "model" field [default: the --model path]; for folders '
+                    "outside the repository (the harness cache), so the file does not depend on where it was made")
+    ap.add_argument("--synth", metavar="SPEC", help="the synthetic spec the folder was made from (recorded)")
+    ap.add_argument("--checkpoint-sha256", metavar="HEX",
+                    help="the folder's hash by `harness oracle prepare` (recorded; the check reports a "
+                    "different hash as a stale reference)")
     args = ap.parse_args()
     if not args.prompt_ids and not args.chat:
         ap.error("give at least one --prompt-ids or --chat")
@@ -190,7 +232,8 @@ def main() -> None:
     import mlx_lm
     from mlx_lm import load
 
-    model, tokenizer, config = load(str(args.model), return_config=True)
+    with widening_f32_loads():
+        model, tokenizer, config = load(str(args.model), return_config=True)
     # Qwen3.5-style folders nest the language model's fields under text_config.
     text_config = config.get("text_config", config)
     gdn = GdnRecorder() if any(getattr(l, "is_linear", False) for l in model.layers) else None
@@ -220,8 +263,12 @@ def main() -> None:
         print(f"{args.model.name}: prompt of {len(ids)} -> {tokens[:8]}... min top1-top2 margin {margin:.4f}")
 
     q = config.get("quantization")
-    out = {
-        "model": str(args.model),
+    out = {"model": args.label or str(args.model)}
+    if args.synth:
+        out["synth"] = args.synth
+    if args.checkpoint_sha256:
+        out["checkpoint_sha256"] = args.checkpoint_sha256
+    out |= {
         "config": {
             "model_type": config.get("model_type"),
             "tie_word_embeddings": text_config.get("tie_word_embeddings"),
@@ -230,7 +277,8 @@ def main() -> None:
         "reference": {
             "implementation": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}, device cpu",
             "dtype": "float32",
-            "upcast": f"{replaced} quantized layers dequantized to f32 (affine scales/biases cast to f32 first); "
+            "upcast": "bf16/f16 tensors widened to f32 as read, before the model's sanitize; "
+            f"{replaced} quantized layers dequantized to f32 (affine scales/biases cast to f32 first); "
             "other params set_dtype(float32)",
             "decoding": "greedy (argmax of log-softmax), no EOS stop, mlx_lm.generate.generate_step",
             "max_tokens": args.max_tokens,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Rewrites every stored mlx reference: the mlx-written fixture folders, their greedy references in
-# goldens/oracle/mlx-written/, and the quantization byte-exactness fixtures in
+# goldens/oracle/mlx-written/, the references of the synthetic checkpoints in goldens/oracle/synth/
+# (folders rewritten first by the harness binary, into the harness cache that `harness oracle
+# check` and cargo test read), and the quantization byte-exactness fixtures in
 # kernels/tests/fixtures/quant/. Run after `bash harness/oracle/setup.sh`. Deterministic: rerunning
 # with the pinned requirements must leave `git status` clean.
 set -euo pipefail
@@ -25,8 +27,18 @@ for msg in p["chat"]:
     print("--chat"); print(msg)
 PY
 }
+# Synthetic references: the id prompts only (7, 70 and 300 ids), for every family.
+prompt_args_ids() {
+    "$py" - "$here/prompts.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for ids in p["prompt_ids"] + p["long_prompt_ids"]:
+    print("--prompt-ids"); print(",".join(map(str, ids)))
+PY
+}
 mapfile -t prompt_args < <(prompt_args_from short)
 mapfile -t prompt_args_long < <(prompt_args_from long)
+mapfile -t prompt_args_ids < <(prompt_args_ids)
 cd "$repo"
 for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3-*/; do
     name="$(basename "$dir")"
@@ -40,3 +52,19 @@ for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3_5-*/; do
         "${prompt_args_long[@]}" --max-tokens 24 --top 8 \
         --out "$repo/goldens/oracle/mlx-written/$name.json"
 done
+
+# Synthetic checkpoints: the harness (re)writes each into its cache and prints SPEC, folder and
+# checkpoint hash; the hash goes into the reference so a later synthesiser change is reported as
+# "checkpoint changed, regenerate" instead of a numerics failure.
+harness="${HARNESS:-}"
+if [ -z "$harness" ]; then
+    cargo build --release -p harness --bin harness --quiet
+    harness="${CARGO_TARGET_DIR:-$repo/target}/release/harness"
+fi
+mkdir -p "$repo/goldens/oracle/synth"
+folders="$("$harness" oracle prepare)"
+while IFS=$'\t' read -r spec dir sha; do
+    "$py" "$here/reference.py" --model "$dir" --label "synth:$spec" --synth "$spec" \
+        --checkpoint-sha256 "$sha" "${prompt_args_ids[@]}" --max-tokens 24 --top 8 \
+        --out "$repo/goldens/oracle/synth/${spec//:/-}.json"
+done <<< "$folders"

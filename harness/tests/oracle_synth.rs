@@ -1,0 +1,138 @@
+//! Conformance with mlx-lm from the stored references (no Python at test time): every
+//! checkpoint mlx-lm wrote itself (MLX layout, every weight format) and every synthetic tiny
+//! checkpoint (both layouts), Qwen3 and Qwen3.5 with both Gated DeltaNet paths. The same check
+//! as `harness oracle check`.
+
+use engine::layers::gated_delta::GdnPath;
+use harness::oracle::{self, cases, CaseResult, Options, Outcome};
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Checks the cases whose id contains `filter` on one Gated DeltaNet path; all must pass.
+fn check(filter: &str, gdn: Option<GdnPath>) {
+    let opts = Options {
+        root: root(),
+        filter: Some(filter.to_string()),
+        gdn,
+        ..Options::default()
+    };
+    let tol = opts.logprob_tol;
+    let report = oracle::check(&opts, |r: &CaseResult| {
+        println!("{:<52} {:<7} {}", r.id, r.label(tol), r.detail(tol))
+    });
+    assert!(!report.results.is_empty(), "no case matches {filter}");
+    let failures: Vec<String> = report
+        .failures()
+        .map(|r| format!("{} {}: {}", r.id, r.label(tol), r.detail(tol)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "oracle mismatches (a STALE or MISSING one needs bash harness/oracle/regenerate_all.sh):\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn synth_qwen3_matches_mlx_lm() {
+    check("synth/qwen3:", None);
+}
+
+#[test]
+fn synth_qwen3_5_matches_mlx_lm_per_step() {
+    check("synth/qwen3_5:", Some(GdnPath::PerStep));
+}
+
+#[test]
+fn synth_qwen3_5_matches_mlx_lm_chunked() {
+    check("synth/qwen3_5:", Some(GdnPath::Chunked));
+}
+
+#[test]
+fn mlx_written_qwen3_matches_mlx_lm() {
+    check("mlx-written/qwen3-", None);
+}
+
+#[test]
+fn mlx_written_qwen3_5_matches_mlx_lm_per_step() {
+    check("mlx-written/qwen3_5-", Some(GdnPath::PerStep));
+}
+
+#[test]
+fn mlx_written_qwen3_5_matches_mlx_lm_chunked() {
+    check("mlx-written/qwen3_5-", Some(GdnPath::Chunked));
+}
+
+#[test]
+fn every_reference_file_belongs_to_a_case() {
+    assert_eq!(cases::orphans(&root()), Vec::<std::path::PathBuf>::new());
+}
+
+/// A reference made from other bytes is reported as stale, not run and called wrong.
+#[test]
+fn a_changed_checkpoint_is_reported_as_stale() {
+    let spec = "qwen3:tiny:f32:mlx";
+    let src = cases::Source::Synth(harness::synth::SynthSpec::parse(spec).unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let file = src.reference_file(tmp.path());
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.reference_file(&root())).unwrap())
+            .unwrap();
+    r["checkpoint_sha256"] = "0".repeat(64).into();
+    std::fs::write(&file, r.to_string()).unwrap();
+    let opts = Options {
+        root: tmp.path().to_path_buf(),
+        filter: Some(format!("synth/{spec}/")),
+        ..Options::default()
+    };
+    let report = oracle::check(&opts, |_| {});
+    assert_eq!(report.results.len(), 3, "{:?}", report.results);
+    for res in &report.results {
+        assert!(
+            matches!(res.outcome, Outcome::CheckpointChanged { .. }),
+            "{res:?}"
+        );
+        assert!(res
+            .detail(opts.logprob_tol)
+            .contains("checkpoint changed, regenerate"));
+    }
+    assert_eq!(report.stale(), 3);
+}
+
+/// The check can fail: a reference whose top-1 log-probs are 0.01 nats off (what a weight
+/// rounding difference looks like) fails every case, though its tokens still agree.
+#[test]
+fn a_shifted_reference_fails_on_the_logprob_tolerance() {
+    let spec = "qwen3:tiny:f32:mlx";
+    let src = cases::Source::Synth(harness::synth::SynthSpec::parse(spec).unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let file = src.reference_file(tmp.path());
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.reference_file(&root())).unwrap())
+            .unwrap();
+    for case in r["cases"].as_array_mut().unwrap() {
+        for step in case["top_logprobs"].as_array_mut().unwrap() {
+            let lp = step[0][1].as_f64().unwrap();
+            step[0][1] = (lp - 0.01).into();
+        }
+    }
+    std::fs::write(&file, r.to_string()).unwrap();
+    let opts = Options {
+        root: tmp.path().to_path_buf(),
+        filter: Some(format!("synth/{spec}/")),
+        ..Options::default()
+    };
+    let report = oracle::check(&opts, |_| {});
+    assert_eq!(report.results.len(), 3);
+    for res in &report.results {
+        let Outcome::Compared(v) = &res.outcome else {
+            panic!("{res:?}")
+        };
+        assert!(v.pass && v.matched == 24, "tokens still agree: {v:?}");
+        assert!(!res.passed(opts.logprob_tol), "{v:?}");
+        assert!((v.max_logprob_diff - 0.01).abs() < 1e-3, "{v:?}");
+    }
+}
