@@ -55,7 +55,11 @@ struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
     /// Prompt text (encoded with the folder's tokenizer).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
@@ -200,11 +204,26 @@ fn run_info(model: PathBuf, json: bool) -> Result<()> {
     }
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
     println!("folder:          {}", model.display());
-    println!("family:          {} (model_type {})", info.family, cfg.model_type);
-    println!("parameters:      {} ({:.3} B)", info.parameters, info.parameters as f64 / 1e9);
+    println!(
+        "family:          {} (model_type {})",
+        info.family, cfg.model_type
+    );
+    println!(
+        "parameters:      {} ({:.3} B)",
+        info.parameters,
+        info.parameters as f64 / 1e9
+    );
     println!("weight formats:  {}", info.weight_formats.join(", "));
-    println!("weight bytes:    {:.1} MiB in {} file(s)", store.total_bytes() as f64 / (1 << 20) as f64, store.files().len());
-    println!("layers:          {} ({})", info.layer_kinds.len(), kinds.join(", "));
+    println!(
+        "weight bytes:    {:.1} MiB in {} file(s)",
+        store.total_bytes() as f64 / (1 << 20) as f64,
+        store.files().len()
+    );
+    println!(
+        "layers:          {} ({})",
+        info.layer_kinds.len(),
+        kinds.join(", ")
+    );
     println!("hidden size:     {}", info.hidden_size);
     println!("vocab size:      {}", info.vocab_size);
     println!("context length:  {}", info.context_length);

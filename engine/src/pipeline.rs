@@ -83,18 +83,29 @@ impl Pipeline {
         let sampled_by_default = g.do_sample.unwrap_or(g.temperature.is_some());
         let temperature = o
             .temperature
-            .or(if sampled_by_default { g.temperature } else { Some(0.0) })
+            .or(if sampled_by_default {
+                g.temperature
+            } else {
+                Some(0.0)
+            })
             .unwrap_or(0.0);
         GenerateRequest {
             prompt_ids,
-            max_tokens: o.max_tokens.or(g.max_new_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
+            max_tokens: o
+                .max_tokens
+                .or(g.max_new_tokens)
+                .unwrap_or(DEFAULT_MAX_TOKENS),
             sampling: SamplingParams {
                 temperature,
                 top_k: o.top_k.or(g.top_k).unwrap_or(0),
                 top_p: o.top_p.or(g.top_p).unwrap_or(1.0),
                 seed: o.seed.unwrap_or(0),
             },
-            stop_ids: if o.ignore_eos { Vec::new() } else { self.stop_ids() },
+            stop_ids: if o.ignore_eos {
+                Vec::new()
+            } else {
+                self.stop_ids()
+            },
             top_logprobs: o.top_logprobs,
             prefill_step: o.prefill_step,
             // A bad GDN_KERNEL is an error at the CLI, which resolves it first; here it warns.

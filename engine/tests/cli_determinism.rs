@@ -8,10 +8,26 @@ use std::process::Command;
 fn run(dir: &str, threads: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_engine"))
         .env("RAYON_NUM_THREADS", threads)
-        .args(["generate", "--model", dir, "--prompt", "Once upon a time, far away", "--max-tokens", "12", "--ignore-eos", "--json", "--top-logprobs", "4"])
+        .args([
+            "generate",
+            "--model",
+            dir,
+            "--prompt",
+            "Once upon a time, far away",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--json",
+            "--top-logprobs",
+            "4",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{dir}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{dir}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for timing in ["ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
         v.as_object_mut().unwrap().remove(timing);
@@ -22,7 +38,8 @@ fn run(dir: &str, threads: &str) -> serde_json::Value {
 #[test]
 fn cli_output_identical_for_one_and_two_threads_in_every_format() {
     for fmt in ["f32", "bf16", "q4", "q8", "mxfp4", "nvfp4", "mxfp8"] {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/mlx-written/qwen3-{fmt}"));
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/mlx-written/qwen3-{fmt}"));
         let d = dir.to_str().unwrap();
         let one = run(d, "1");
         assert_eq!(one["tokens"].as_array().unwrap().len(), 12, "{fmt}");

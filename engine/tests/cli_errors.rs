@@ -20,27 +20,57 @@ fn copy_fixture(tmp: &Path) -> PathBuf {
 }
 
 fn engine(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_engine")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(args)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!stderr.contains("panicked"), "engine panicked: {stderr}");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
 }
 
 fn expect_error(args: &[&str], needles: &[&str]) {
     let (ok, stdout, stderr) = engine(args);
     assert!(!ok, "expected failure for {args:?}, got stdout {stdout}");
     for n in needles {
-        assert!(stderr.contains(n), "stderr for {args:?} lacks {n:?}:\n{stderr}");
+        assert!(
+            stderr.contains(n),
+            "stderr for {args:?} lacks {n:?}:\n{stderr}"
+        );
     }
 }
 
 #[test]
 fn good_fixture_generates_json() {
     let dir = fixture();
-    let (ok, stdout, stderr) = engine(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--top-logprobs", "3", "--json"]);
+    let (ok, stdout, stderr) = engine(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "4",
+        "--top-logprobs",
+        "3",
+        "--json",
+    ]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    for key in ["prompt_ids", "tokens", "text", "finish_reason", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "top_logprobs"] {
+    for key in [
+        "prompt_ids",
+        "tokens",
+        "text",
+        "finish_reason",
+        "ttft_ms",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "top_logprobs",
+    ] {
         assert!(v.get(key).is_some(), "missing {key} in {stdout}");
     }
     let steps = v["top_logprobs"].as_array().unwrap();
@@ -61,7 +91,11 @@ fn missing_and_malformed_config() {
     expect_error(&["info", "--model", d], &["config.json"]);
     std::fs::write(dir.join("config.json"), "{ not json").unwrap();
     expect_error(&["info", "--model", d], &["config.json"]);
-    std::fs::write(dir.join("config.json"), r#"{"model_type": "qwen3", "hidden_size": "wide"}"#).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"model_type": "qwen3", "hidden_size": "wide"}"#,
+    )
+    .unwrap();
     expect_error(&["info", "--model", d], &["config.json", "hidden_size"]);
 }
 
@@ -69,9 +103,14 @@ fn missing_and_malformed_config() {
 fn unknown_model_type() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = copy_fixture(tmp.path());
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("\"qwen3\"", "\"mystery\"");
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("\"qwen3\"", "\"mystery\"");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
-    expect_error(&["info", "--model", dir.to_str().unwrap()], &["config.json", "model_type", "mystery"]);
+    expect_error(
+        &["info", "--model", dir.to_str().unwrap()],
+        &["config.json", "model_type", "mystery"],
+    );
 }
 
 #[test]
@@ -96,17 +135,39 @@ fn missing_tensor_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = copy_fixture(tmp.path());
     // Point the config at a layer the weights do not have.
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
-    expect_error(&["info", "--model", dir.to_str().unwrap()], &["model.layers.2"]);
+    expect_error(
+        &["info", "--model", dir.to_str().unwrap()],
+        &["model.layers.2"],
+    );
 }
 
 #[test]
 fn bad_prompts() {
     let dir = fixture();
     let d = dir.to_str().unwrap();
-    expect_error(&["generate", "--model", d, "--prompt-ids", "1,99999"], &["99999", "vocab"]);
+    expect_error(
+        &["generate", "--model", d, "--prompt-ids", "1,99999"],
+        &["99999", "vocab"],
+    );
     let long: Vec<String> = (0..4096).map(|i| (i % 500).to_string()).collect();
-    expect_error(&["generate", "--model", d, "--prompt-ids", &long.join(",")], &["4096", "context"]);
-    expect_error(&["generate", "--model", d, "--prompt-ids", "1", "--top-p", "0"], &["top-p"]);
+    expect_error(
+        &["generate", "--model", d, "--prompt-ids", &long.join(",")],
+        &["4096", "context"],
+    );
+    expect_error(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt-ids",
+            "1",
+            "--top-p",
+            "0",
+        ],
+        &["top-p"],
+    );
 }

@@ -25,7 +25,10 @@ pub fn cache_dir() -> PathBuf {
 pub fn workspace_root() -> PathBuf {
     if let Ok(cwd) = std::env::current_dir() {
         for d in cwd.ancestors() {
-            if d.join("Cargo.toml").is_file() && d.join("kernels").is_dir() && d.join("harness").is_dir() {
+            if d.join("Cargo.toml").is_file()
+                && d.join("kernels").is_dir()
+                && d.join("harness").is_dir()
+            {
                 return d.to_path_buf();
             }
         }
@@ -33,13 +36,21 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The folder of a synthetic checkpoint, written first if the cache does not hold it yet.
+/// The folder of a synthetic checkpoint, written first if the cache does not hold it yet. The
+/// key includes a fingerprint of the synthesiser's sources (see build.rs), so a changed
+/// synthesiser never reads folders an older one wrote.
 pub fn synth_cached(spec: &SynthSpec) -> Result<PathBuf> {
-    let dir = cache_dir().join(spec.to_string().replace([':', '@'], "_"));
+    let key = format!(
+        "{}-{}",
+        spec.to_string().replace([':', '@'], "_"),
+        &env!("SYNTH_SOURCE_HASH")[..8]
+    );
+    let dir = cache_dir().join(key);
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
-    std::fs::create_dir_all(cache_dir()).with_context(|| format!("creating {}", cache_dir().display()))?;
+    std::fs::create_dir_all(cache_dir())
+        .with_context(|| format!("creating {}", cache_dir().display()))?;
     let opts = WriteOptions {
         progress: true,
         ..WriteOptions::default()
@@ -57,6 +68,8 @@ pub fn resolve(model: Option<&Path>, synth: Option<&str>) -> Result<PathBuf> {
     match (model, synth) {
         (Some(dir), None) => Ok(dir.to_path_buf()),
         (None, Some(spec)) => synth_cached(&SynthSpec::parse(spec)?),
-        _ => anyhow::bail!("give exactly one of --model DIR or --synth SPEC (e.g. --synth qwen3:tiny:q4)"),
+        _ => anyhow::bail!(
+            "give exactly one of --model DIR or --synth SPEC (e.g. --synth qwen3:tiny:q4)"
+        ),
     }
 }

@@ -57,28 +57,51 @@ impl RunArgs {
         } else {
             (self.sweep_model.clone(), self.lengths.clone(), self.repeats)
         };
-        std::fs::create_dir_all(&self.out).with_context(|| format!("creating {}", self.out.display()))?;
+        std::fs::create_dir_all(&self.out)
+            .with_context(|| format!("creating {}", self.out.display()))?;
         let out = self.out.to_string_lossy().into_owned();
         let sweep_file = self.out.join("sweep.jsonl");
         // The sweep appends; a fresh job starts a fresh file.
         if sweep_file.exists() {
-            std::fs::remove_file(&sweep_file).with_context(|| format!("removing {}", sweep_file.display()))?;
+            std::fs::remove_file(&sweep_file)
+                .with_context(|| format!("removing {}", sweep_file.display()))?;
         }
         let sweep = sweep_file.to_string_lossy().into_owned();
-        let lengths = lengths.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",");
+        let lengths = lengths
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         let repeats = repeats.to_string();
         let plan: Vec<(&str, Vec<&str>)> = vec![
             ("golden check (CPU)", vec!["golden", "check"]),
             ("oracle check vs mlx-lm", vec!["oracle", "check"]),
             (
                 "parity gdn=perstep vs gdn=chunked (qwen3_5:tiny)",
-                vec!["parity", "--synth", "qwen3_5:tiny", "--a", "gdn=perstep", "--b", "gdn=chunked"],
+                vec![
+                    "parity",
+                    "--synth",
+                    "qwen3_5:tiny",
+                    "--a",
+                    "gdn=perstep",
+                    "--b",
+                    "gdn=chunked",
+                ],
             ),
             (
                 "TTFT sweep",
                 vec![
-                    "sweep", "--synth", &model, "--lengths", &lengths, "--paths", "gdn=perstep,gdn=chunked",
-                    "--repeats", &repeats, "--out", &sweep,
+                    "sweep",
+                    "--synth",
+                    &model,
+                    "--lengths",
+                    &lengths,
+                    "--paths",
+                    "gdn=perstep,gdn=chunked",
+                    "--repeats",
+                    &repeats,
+                    "--out",
+                    &sweep,
                 ],
             ),
             ("report", vec!["report", &sweep, "--out", &out]),
@@ -103,14 +126,19 @@ impl RunArgs {
         std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
         let failed = stages.iter().filter(|s| s.result.is_err()).count();
         if failed > 0 {
-            bail!("{failed} of {} stages failed (see above and {})", stages.len(), path.display());
+            bail!(
+                "{failed} of {} stages failed (see above and {})",
+                stages.len(),
+                path.display()
+            );
         }
         Ok(())
     }
 }
 
 fn summary(stages: &[Stage], out: &std::path::Path) -> String {
-    let mut s = String::from("# Main job summary\n\n| stage | verdict | seconds |\n|---|---|--:|\n");
+    let mut s =
+        String::from("# Main job summary\n\n| stage | verdict | seconds |\n|---|---|--:|\n");
     for st in stages {
         let verdict = match &st.result {
             Ok(()) => "ok".to_string(),
@@ -121,7 +149,9 @@ fn summary(stages: &[Stage], out: &std::path::Path) -> String {
     s.push_str(&format!(
         "\nMachine: {} ({} cores), commit {}. Report: {}/report.md\n",
         crate::machine::cpu_model(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         crate::machine::commit().unwrap_or_else(|| "unknown".into()),
         out.display()
     ));

@@ -19,7 +19,11 @@ fn cpu_goldens_match() {
     .unwrap();
     assert!(!report.results.is_empty(), "no golden cases ran");
     // Every family of the matrix must be synthesisable: a dropped family is a failure here.
-    assert!(report.skipped.is_empty(), "golden rows skipped: {:?}", report.skipped);
+    assert!(
+        report.skipped.is_empty(),
+        "golden rows skipped: {:?}",
+        report.skipped
+    );
     let failed: Vec<String> = report
         .failures()
         .map(|r| format!("{}: {} {}", r.case, r.verdict.label(), r.verdict.detail()))

@@ -6,16 +6,35 @@ fn quick_main_job_passes_and_writes_a_report() {
     let out = tmp.path().join("latest");
     harness::cli::run_words(&["run", "--quick", "--out", out.to_str().unwrap()]).unwrap();
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    for stage in ["golden check", "oracle check", "parity", "TTFT sweep", "report"] {
-        let line = summary.lines().find(|l| l.contains(stage)).unwrap_or_else(|| panic!("no {stage} in {summary}"));
+    for stage in [
+        "golden check",
+        "oracle check",
+        "parity",
+        "TTFT sweep",
+        "report",
+    ] {
+        let line = summary
+            .lines()
+            .find(|l| l.contains(stage))
+            .unwrap_or_else(|| panic!("no {stage} in {summary}"));
         assert!(line.contains("| ok |"), "{line}");
     }
     // Two paths x two lengths x one repeat, and the report's table names both lengths.
     let rows = harness::sweep::read_jsonl(&out.join("sweep.jsonl")).unwrap();
     assert_eq!(rows.len(), 4);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(report.contains("| 64 |") && report.contains("| 128 |"), "{report}");
-    for f in ["ttft.svg", "ttft.png", "speedup.svg", "speedup.png", "report.csv", "report.json"] {
+    assert!(
+        report.contains("| 64 |") && report.contains("| 128 |"),
+        "{report}"
+    );
+    for f in [
+        "ttft.svg",
+        "ttft.png",
+        "speedup.svg",
+        "speedup.png",
+        "report.csv",
+        "report.json",
+    ] {
         assert!(out.join(f).metadata().unwrap().len() > 0, "{f}");
     }
 }

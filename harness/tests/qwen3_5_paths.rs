@@ -15,7 +15,9 @@ fn greedy(p: &Pipeline, ids: &[u32], gdn: GdnPath) -> Vec<u32> {
         gdn_path: Some(gdn),
         ..Default::default()
     };
-    generate::generate(p.model.as_ref(), &p.request(ids.to_vec(), &opts), |_| {}).unwrap().tokens
+    generate::generate(p.model.as_ref(), &p.request(ids.to_vec(), &opts), |_| {})
+        .unwrap()
+        .tokens
 }
 
 #[test]

@@ -16,11 +16,17 @@ fn greedy(p: &Pipeline, prompt: &str, prefill_step: Option<usize>) -> Vec<u32> {
         prefill_step,
         ..Default::default()
     };
-    generate::generate(p.model.as_ref(), &p.request(ids, &opts), |_| {}).unwrap().tokens
+    generate::generate(p.model.as_ref(), &p.request(ids, &opts), |_| {})
+        .unwrap()
+        .tokens
 }
 
 fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
 }
 
 #[test]

@@ -42,7 +42,8 @@ fn grow(t: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
     let src = t.f32s()?;
     let mut out = vec![0.0f32; h * cap * d];
     for head in 0..h {
-        out[head * cap * d..head * cap * d + len * d].copy_from_slice(&src[head * old * d..head * old * d + len * d]);
+        out[head * cap * d..head * cap * d + len * d]
+            .copy_from_slice(&src[head * old * d..head * old * d + len * d]);
     }
     Ok(Tensor::from_f32(&[h, cap, d], out)?)
 }

@@ -25,7 +25,10 @@ impl LayerState {
     pub fn kv_mut(&mut self) -> Result<&mut KvCache> {
         match self {
             LayerState::Kv(c) => Ok(c),
-            other => bail!("layer state mismatch: expected a KV cache, got {}", other.kind()),
+            other => bail!(
+                "layer state mismatch: expected a KV cache, got {}",
+                other.kind()
+            ),
         }
     }
 
@@ -33,7 +36,10 @@ impl LayerState {
     pub fn recurrent_mut(&mut self) -> Result<&mut RecurrentState> {
         match self {
             LayerState::Recurrent(s) => Ok(s),
-            other => bail!("layer state mismatch: expected a recurrent state, got {}", other.kind()),
+            other => bail!(
+                "layer state mismatch: expected a recurrent state, got {}",
+                other.kind()
+            ),
         }
     }
 

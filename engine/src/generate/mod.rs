@@ -56,7 +56,12 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
     if req.prompt_ids.is_empty() {
         bail!("the prompt is empty: give at least one token");
     }
-    if let Some((i, &id)) = req.prompt_ids.iter().enumerate().find(|(_, &id)| id as usize >= info.vocab_size) {
+    if let Some((i, &id)) = req
+        .prompt_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= info.vocab_size)
+    {
         bail!(
             "prompt token {i} has id {id}, outside the model's vocabulary (vocab_size {})",
             info.vocab_size
@@ -76,7 +81,11 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
 }
 
 /// Runs one request to completion; `on_token` sees every generated token as it is produced.
-pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl FnMut(u32)) -> Result<GenerateOutput> {
+pub fn generate(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    mut on_token: impl FnMut(u32),
+) -> Result<GenerateOutput> {
     validate(model, req)?;
     let context = model.info().context_length;
     let budget = req.max_tokens.min(context - req.prompt_ids.len());
@@ -127,7 +136,11 @@ pub fn generate(model: &dyn CausalLm, req: &GenerateRequest, mut on_token: impl 
         finish_reason: finish,
         ttft_ms: ttft * 1e3,
         prefill_tokens_per_s: req.prompt_ids.len() as f64 / ttft.max(1e-12),
-        decode_tokens_per_s: if decode_steps > 0.0 { decode_steps / decode_secs.max(1e-12) } else { 0.0 },
+        decode_tokens_per_s: if decode_steps > 0.0 {
+            decode_steps / decode_secs.max(1e-12)
+        } else {
+            0.0
+        },
         top_logprobs: top,
     })
 }

@@ -68,7 +68,10 @@ impl Sampler {
         let cands = ops::top_k(&flat, k)?;
         let best = cands[0].1 as f64;
         let t = p.temperature as f64;
-        let mut probs: Vec<f64> = cands.iter().map(|&(_, l)| ((l as f64 - best) / t).exp()).collect();
+        let mut probs: Vec<f64> = cands
+            .iter()
+            .map(|&(_, l)| ((l as f64 - best) / t).exp())
+            .collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
         // Nucleus: the smallest prefix whose mass reaches top-p.

@@ -42,12 +42,21 @@ impl GqaAttention {
             // Per head the projection holds [query (D) | gate (D)].
             let both = q_all.reshape(&[t * c.heads, 2, c.head_dim])?;
             let (q, g) = split_pairs(&both)?;
-            (q.reshape(&[t, c.heads, c.head_dim])?, Some(g.reshape(&[t, c.heads * c.head_dim])?))
+            (
+                q.reshape(&[t, c.heads, c.head_dim])?,
+                Some(g.reshape(&[t, c.heads * c.head_dim])?),
+            )
         } else {
             (q_all.reshape(&[t, c.heads, c.head_dim])?, None)
         };
-        let k = self.k_proj.forward(x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
-        let v = self.v_proj.forward(x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let k = self
+            .k_proj
+            .forward(x)?
+            .reshape(&[t, c.kv_heads, c.head_dim])?;
+        let v = self
+            .v_proj
+            .forward(x)?
+            .reshape(&[t, c.kv_heads, c.head_dim])?;
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,

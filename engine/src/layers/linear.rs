@@ -1,8 +1,8 @@
 use anyhow::Result;
 use kernels::{ops, Tensor, Weight};
 
-use crate::weights::WeightStore;
 use crate::config::QuantConfig;
+use crate::weights::WeightStore;
 
 /// A bias-free linear layer `y = x·Wᵀ` over a weight in any stored format.
 #[derive(Debug, Clone)]
@@ -12,7 +12,13 @@ pub struct Linear {
 
 impl Linear {
     /// Loads `<prefix>.weight` (plus `.scales`/`.biases` when quantized) as `[out, inp]`.
-    pub fn load(store: &WeightStore, quant: &QuantConfig, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
+    pub fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<Linear> {
         Ok(Linear {
             weight: store.weight(prefix, quant.spec_for(prefix), out, inp)?,
         })

@@ -14,7 +14,13 @@ pub struct SwiGlu {
 }
 
 impl SwiGlu {
-    pub fn load(store: &WeightStore, quant: &QuantConfig, prefix: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
+    pub fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<SwiGlu> {
         Ok(SwiGlu {
             gate: Linear::load(store, quant, &format!("{prefix}.gate_proj"), inter, hidden)?,
             up: Linear::load(store, quant, &format!("{prefix}.up_proj"), inter, hidden)?,

@@ -20,7 +20,12 @@ impl RmsNorm {
 
     /// Like `load`, for checkpoints that store the weight as an offset from 1 (`w − 1`).
     pub fn load_offset(store: &WeightStore, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-        let w: Vec<f32> = store.tensor_shaped(name, &[dim])?.to_vec_f32()?.iter().map(|v| v + 1.0).collect();
+        let w: Vec<f32> = store
+            .tensor_shaped(name, &[dim])?
+            .to_vec_f32()?
+            .iter()
+            .map(|v| v + 1.0)
+            .collect();
         Ok(RmsNorm {
             weight: Tensor::from_f32(&[dim], w)?,
             eps,

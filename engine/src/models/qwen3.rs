@@ -46,13 +46,25 @@ impl Qwen3 {
         );
         let quant = &cfg.quant;
         let rope = Rope::from_config(cfg, head_dim, RopeLayout::HalfSplit)?;
-        let embed = store.weight("model.embed_tokens", quant.spec_for("model.embed_tokens"), vocab, hidden)?;
+        let embed = store.weight(
+            "model.embed_tokens",
+            quant.spec_for("model.embed_tokens"),
+            vocab,
+            hidden,
+        )?;
         let mut blocks = Vec::with_capacity(layers);
         for i in 0..layers {
             let p = format!("model.layers.{i}");
-            let lin = |name: &str, out, inp| Linear::load(store, quant, &format!("{p}.self_attn.{name}"), out, inp);
+            let lin = |name: &str, out, inp| {
+                Linear::load(store, quant, &format!("{p}.self_attn.{name}"), out, inp)
+            };
             blocks.push(Block {
-                input_norm: RmsNorm::load(store, &format!("{p}.input_layernorm.weight"), hidden, eps)?,
+                input_norm: RmsNorm::load(
+                    store,
+                    &format!("{p}.input_layernorm.weight"),
+                    hidden,
+                    eps,
+                )?,
                 attn: GqaAttention {
                     cfg: AttentionConfig {
                         heads,
@@ -66,12 +78,27 @@ impl Qwen3 {
                     k_proj: lin("k_proj", kv_heads * head_dim, hidden)?,
                     v_proj: lin("v_proj", kv_heads * head_dim, hidden)?,
                     o_proj: lin("o_proj", hidden, heads * head_dim)?,
-                    q_norm: Some(RmsNorm::load(store, &format!("{p}.self_attn.q_norm.weight"), head_dim, eps)?),
-                    k_norm: Some(RmsNorm::load(store, &format!("{p}.self_attn.k_norm.weight"), head_dim, eps)?),
+                    q_norm: Some(RmsNorm::load(
+                        store,
+                        &format!("{p}.self_attn.q_norm.weight"),
+                        head_dim,
+                        eps,
+                    )?),
+                    k_norm: Some(RmsNorm::load(
+                        store,
+                        &format!("{p}.self_attn.k_norm.weight"),
+                        head_dim,
+                        eps,
+                    )?),
                     rope: rope.clone(),
                     output_gate: false,
                 },
-                post_norm: RmsNorm::load(store, &format!("{p}.post_attention_layernorm.weight"), hidden, eps)?,
+                post_norm: RmsNorm::load(
+                    store,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    hidden,
+                    eps,
+                )?,
                 mlp: SwiGlu::load(store, quant, &format!("{p}.mlp"), hidden, inter)?,
             });
         }
@@ -89,7 +116,15 @@ impl Qwen3 {
         };
         let mut all: Vec<&Weight> = vec![&embed];
         for b in &blocks {
-            for l in [&b.attn.q_proj, &b.attn.k_proj, &b.attn.v_proj, &b.attn.o_proj, &b.mlp.gate, &b.mlp.up, &b.mlp.down] {
+            for l in [
+                &b.attn.q_proj,
+                &b.attn.k_proj,
+                &b.attn.v_proj,
+                &b.attn.o_proj,
+                &b.mlp.gate,
+                &b.mlp.up,
+                &b.mlp.down,
+            ] {
                 all.push(&l.weight);
             }
         }
@@ -145,7 +180,11 @@ impl CausalLm for Qwen3 {
             x = ops::add(&x, &h)?;
         }
         state.pos += ids.len();
-        let x = if all_logits { x } else { x.narrow0(ids.len() - 1, 1)? };
+        let x = if all_logits {
+            x
+        } else {
+            x.narrow0(ids.len() - 1, 1)?
+        };
         let x = self.norm.forward(&x)?;
         Ok(ops::matmul(&x, &self.lm_head)?)
     }

@@ -7,12 +7,12 @@ pub mod binary;
 pub mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
-#[cfg(target_arch = "x86_64")]
-mod qmatvec_avx2;
 pub mod gdn;
 pub mod matmul;
 pub mod minifloat;
 pub mod norm;
+#[cfg(target_arch = "x86_64")]
+mod qmatvec_avx2;
 pub mod rope;
 pub mod select;
 pub mod unary;
