@@ -52,6 +52,22 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
     }
 }
 
+/// The shared tail of a decoder: final norm and LM head over the last position, or over every
+/// position when `all_logits` (multi-token verification).
+pub fn lm_logits(
+    x: &Tensor,
+    norm: &crate::layers::RmsNorm,
+    lm_head: &kernels::Weight,
+    all_logits: bool,
+) -> Result<Tensor> {
+    let x = if all_logits {
+        x.clone()
+    } else {
+        x.narrow0(x.dim(0) - 1, 1)?
+    };
+    Ok(kernels::ops::matmul(&norm.forward(&x)?, lm_head)?)
+}
+
 /// Distinct weight formats of a set of weights, sorted, for `ModelInfo`.
 pub fn formats<'a>(weights: impl IntoIterator<Item = &'a kernels::Weight>) -> Vec<String> {
     let mut f: Vec<String> = weights.into_iter().map(|w| w.format_name()).collect();

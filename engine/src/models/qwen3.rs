@@ -180,12 +180,6 @@ impl CausalLm for Qwen3 {
             x = ops::add(&x, &h)?;
         }
         state.pos += ids.len();
-        let x = if all_logits {
-            x
-        } else {
-            x.narrow0(ids.len() - 1, 1)?
-        };
-        let x = self.norm.forward(&x)?;
-        Ok(ops::matmul(&x, &self.lm_head)?)
+        super::lm_logits(&x, &self.norm, &self.lm_head, all_logits)
     }
 }

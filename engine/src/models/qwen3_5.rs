@@ -570,12 +570,6 @@ impl CausalLm for Qwen3_5 {
             x = layer.forward(&x, ls, path)?;
         }
         state.pos += ids.len();
-        let x = if all_logits {
-            x
-        } else {
-            x.narrow0(ids.len() - 1, 1)?
-        };
-        let x = self.norm.forward(&x)?;
-        Ok(ops::matmul(&x, &self.lm_head)?)
+        super::lm_logits(&x, &self.norm, &self.lm_head, all_logits)
     }
 }

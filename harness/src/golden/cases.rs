@@ -13,17 +13,6 @@ use crate::synth::{Format, Size, SynthSpec};
 /// Tokens generated per case (T=0, stop tokens ignored, so every case produces exactly this many).
 pub const MAX_TOKENS: usize = 24;
 
-/// Every weight format the synthesiser writes.
-const ALL_FORMATS: &[Format] = &[
-    Format::F32,
-    Format::Bf16,
-    Format::Q4,
-    Format::Q8,
-    Format::Mxfp4,
-    Format::Nvfp4,
-    Format::Mxfp8,
-];
-
 /// One row of the matrix: a family on `tiny` checkpoints in each format, run on each path.
 pub struct Row {
     pub family: &'static str,
@@ -34,12 +23,12 @@ pub struct Row {
 pub const MATRIX: &[Row] = &[
     Row {
         family: "qwen3",
-        formats: ALL_FORMATS,
+        formats: Format::ALL,
         paths: &["default"],
     },
     Row {
         family: "qwen3_5",
-        formats: ALL_FORMATS,
+        formats: Format::ALL,
         paths: &["gdn=perstep", "gdn=chunked"],
     },
 ];

@@ -14,15 +14,7 @@ use crate::synth::{Format, Layout, Size, SynthSpec};
 pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
 
 /// Every weight format; each has an mlx-written folder and a synthetic one in the mlx layout.
-pub const FORMATS: &[Format] = &[
-    Format::F32,
-    Format::Bf16,
-    Format::Q4,
-    Format::Q8,
-    Format::Mxfp4,
-    Format::Nvfp4,
-    Format::Mxfp8,
-];
+pub const FORMATS: &[Format] = Format::ALL;
 
 /// The formats that also exist in the original Hugging Face layout (quantized folders are
 /// only ever written by mlx-lm, in its layout).

@@ -85,6 +85,17 @@ impl Layout {
 }
 
 impl Format {
+    /// Every format the synthesiser writes, in a stable order.
+    pub const ALL: &'static [Format] = &[
+        Format::F32,
+        Format::Bf16,
+        Format::Q4,
+        Format::Q8,
+        Format::Mxfp4,
+        Format::Nvfp4,
+        Format::Mxfp8,
+    ];
+
     pub fn name(self) -> String {
         value_name(&self)
     }

@@ -71,6 +71,26 @@ pub(super) const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
+/// The Qwen tokenizer shape shared by the Qwen families: byte-level BPE with Qwen2's split
+/// rule, `specials` at the end of the vocabulary, ChatML template, eos `<|im_end|>`.
+pub(super) fn qwen_tokenizer(
+    vocab: usize,
+    specials: &[&str],
+    max_positions: usize,
+) -> TokenizerPlan {
+    TokenizerPlan {
+        regular_tokens: vocab - specials.len(),
+        specials: specials.iter().map(|s| s.to_string()).collect(),
+        split_regex: SPLIT_REGEX.to_string(),
+        chat_template: CHAT_TEMPLATE.to_string(),
+        bos_token: None,
+        eos_token: "<|im_end|>".into(),
+        pad_token: "<|endoftext|>".into(),
+        tokenizer_class: "Qwen2Tokenizer".into(),
+        model_max_length: max_positions,
+    }
+}
+
 impl super::Family for Qwen3 {
     fn name(&self) -> &'static str {
         "qwen3"
@@ -82,17 +102,7 @@ impl super::Family for Qwen3 {
 
     fn plan(&self, spec: &SynthSpec, _layout: Layout) -> Result<ModelPlan> {
         let d = dims(spec.size);
-        let tokenizer = TokenizerPlan {
-            regular_tokens: d.vocab - SPECIALS.len(),
-            specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
-            split_regex: SPLIT_REGEX.to_string(),
-            chat_template: CHAT_TEMPLATE.to_string(),
-            bos_token: None,
-            eos_token: "<|im_end|>".into(),
-            pad_token: "<|endoftext|>".into(),
-            tokenizer_class: "Qwen2Tokenizer".into(),
-            model_max_length: d.max_positions,
-        };
+        let tokenizer = qwen_tokenizer(d.vocab, &SPECIALS, d.max_positions);
         let id = |t: &str| {
             tokenizer
                 .special_id(t)

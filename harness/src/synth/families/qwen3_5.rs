@@ -19,10 +19,9 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::qwen3::{CHAT_TEMPLATE, SPLIT_REGEX};
+use super::qwen3::qwen_tokenizer;
 use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
 use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
-use crate::synth::tokenizer::TokenizerPlan;
 
 pub struct Qwen3_5;
 
@@ -175,17 +174,7 @@ impl super::Family for Qwen3_5 {
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
         let d = dims(spec.size);
-        let tokenizer = TokenizerPlan {
-            regular_tokens: d.vocab - SPECIALS.len(),
-            specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
-            split_regex: SPLIT_REGEX.to_string(),
-            chat_template: CHAT_TEMPLATE.to_string(),
-            bos_token: None,
-            eos_token: "<|im_end|>".into(),
-            pad_token: "<|endoftext|>".into(),
-            tokenizer_class: "Qwen2Tokenizer".into(),
-            model_max_length: d.max_positions,
-        };
+        let tokenizer = qwen_tokenizer(d.vocab, &SPECIALS, d.max_positions);
         let id = |t: &str| {
             tokenizer
                 .special_id(t)
