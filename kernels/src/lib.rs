@@ -4,6 +4,8 @@
 pub mod cpu;
 mod dtype;
 mod error;
+#[cfg(feature = "mlx")]
+pub mod mlx;
 pub mod ops;
 pub mod quant;
 mod storage;

@@ -41,6 +41,10 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
             ),
         );
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::ops::matmul(x, w);
+    }
     cpu::matmul::matmul(x, w)
 }
 
@@ -80,6 +84,10 @@ pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
             );
         }
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::ops::rms_norm(x, w, eps);
+    }
     cpu::norm::rms_norm(x, w, eps)
 }
 
@@ -101,6 +109,10 @@ pub fn rope(
                 2 * inv_freq.len()
             ),
         );
+    }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::ops::rope(x, positions, inv_freq, layout);
     }
     cpu::rope::rope(x, positions, inv_freq, layout)
 }
@@ -167,6 +179,10 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
 /// Softmax over the last dimension. A row that is all `-inf` (fully masked) gives zeros.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     need_rows("softmax", x)?;
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::ops::softmax(x);
+    }
     cpu::unary::softmax(x)
 }
 
@@ -178,6 +194,10 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
 }
 
 pub fn silu(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::ops::silu(x);
+    }
     cpu::unary::map(x, cpu::unary::silu)
 }
 
@@ -201,11 +221,21 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
 
 /// `a + b`; `b` may be broadcast over leading dims (its shape a suffix of `a`'s).
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[a, b]) {
+        need_suffix("add", a, b)?;
+        return crate::mlx::ops::add(a, b);
+    }
     cpu::binary::binary("add", a, b, |x, y| x + y)
 }
 
 /// `a · b`; `b` may be broadcast over leading dims (its shape a suffix of `a`'s).
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[a, b]) {
+        need_suffix("mul", a, b)?;
+        return crate::mlx::ops::mul(a, b);
+    }
     cpu::binary::binary("mul", a, b, |x, y| x * y)
 }
 
@@ -232,6 +262,24 @@ pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
 /// ranks below `-inf`, and `k > N` gives all `N`.
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
     cpu::select::top_k(x, k)
+}
+
+/// Whether an op runs on MLX: any input on MLX moves the op there (host inputs are copied in).
+#[cfg(feature = "mlx")]
+fn on_mlx(inputs: &[&Tensor]) -> bool {
+    inputs.iter().any(|t| t.device() == crate::Device::Mlx)
+}
+
+/// The broadcast rule of `add`/`mul`: `b`'s shape is a suffix of `a`'s.
+#[cfg(feature = "mlx")]
+fn need_suffix(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if !a.shape().ends_with(b.shape()) {
+        return shape_err(
+            op,
+            format!("{:?} cannot broadcast to {:?}", b.shape(), a.shape()),
+        );
+    }
+    Ok(())
 }
 
 /// Row-wise ops work over the last dimension, which a 0-d tensor does not have.

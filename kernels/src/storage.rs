@@ -100,17 +100,25 @@ pub enum Storage {
     CpuF32(Arc<Vec<f32>>),
     /// Host bytes of any dtype viewed in place (weights straight from a mapped file).
     CpuBytes(Bytes),
+    /// An MLX array (feature `mlx`), lazily evaluated on MLX's default device.
+    #[cfg(feature = "mlx")]
+    Mlx(Arc<crate::mlx::MlxArray>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Device {
     Cpu,
+    /// MLX's default device: the GPU (Metal) on a Mac, the CPU elsewhere.
+    #[cfg(feature = "mlx")]
+    Mlx,
 }
 
 impl Storage {
     pub fn device(&self) -> Device {
         match self {
             Storage::CpuF32(_) | Storage::CpuBytes(_) => Device::Cpu,
+            #[cfg(feature = "mlx")]
+            Storage::Mlx(_) => Device::Mlx,
         }
     }
 }

@@ -134,6 +134,39 @@ impl Tensor {
         &self.storage
     }
 
+    /// Offset of the first element in the storage, in elements.
+    #[cfg_attr(not(feature = "mlx"), allow(dead_code))]
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// A tensor over a whole backend buffer (the shape must match the buffer).
+    #[cfg_attr(not(feature = "mlx"), allow(dead_code))]
+    pub(crate) fn from_storage(shape: Vec<usize>, dtype: DType, storage: Storage) -> Tensor {
+        Tensor {
+            shape,
+            dtype,
+            storage,
+            offset: 0,
+        }
+    }
+
+    /// The same values on `device`: a copy for host <-> MLX (evaluating MLX's lazy graph
+    /// when leaving it), the tensor itself when it is already there.
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if self.device() == device {
+            return Ok(self.clone());
+        }
+        match device {
+            #[cfg(feature = "mlx")]
+            Device::Mlx => crate::mlx::upload(self),
+            #[cfg(feature = "mlx")]
+            Device::Cpu => crate::mlx::download(self),
+            #[cfg(not(feature = "mlx"))]
+            Device::Cpu => Ok(self.clone()),
+        }
+    }
+
     /// The raw little-endian bytes of a host tensor.
     pub fn raw_bytes(&self) -> Result<&[u8]> {
         let es = self.dtype.size_in_bytes();
@@ -141,6 +174,11 @@ impl Tensor {
         match &self.storage {
             Storage::CpuBytes(b) => Ok(&b.as_slice()[start..start + len]),
             Storage::CpuF32(v) => Ok(&bytemuck::cast_slice::<f32, u8>(v)[start..start + len]),
+            #[cfg(feature = "mlx")]
+            Storage::Mlx(_) => crate::error::invalid(
+                "raw_bytes",
+                "the tensor lives on MLX; copy it to the host with to_device(Device::Cpu) first",
+            ),
         }
     }
 
@@ -188,6 +226,8 @@ impl Tensor {
         let whole = match &self.storage {
             Storage::CpuF32(v) => self.offset == 0 && v.len() == n,
             Storage::CpuBytes(_) => false,
+            #[cfg(feature = "mlx")]
+            Storage::Mlx(_) => false,
         };
         if !whole {
             let copy = self.f32s()?.to_vec();
@@ -196,7 +236,7 @@ impl Tensor {
         }
         match &mut self.storage {
             Storage::CpuF32(v) => Ok(Arc::make_mut(v).as_mut_slice()),
-            Storage::CpuBytes(_) => unreachable!("converted above"),
+            _ => unreachable!("converted above"),
         }
     }
 

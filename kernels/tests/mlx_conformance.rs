@@ -1,0 +1,256 @@
+//! Op conformance of the MLX backend against the CPU reference (DESIGN §3): the same inputs go
+//! through `ops::*` once as host tensors and once as MLX tensors; the MLX results, copied back
+//! to the host, must match within NMSE = Σ(a−b)²/Σa² ≤ 1e-7 (elementwise, norms, rope) or
+//! ≤ 5e-4 (matmul), with no NaN and no one-sided inf.
+#![cfg(feature = "mlx")]
+
+use half::bf16;
+use kernels::ops::{self, RopeLayout};
+use kernels::{DType, Device, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
+
+const ELEMENTWISE: f64 = 1e-7;
+const MATMUL: f64 = 5e-4;
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG; no dependency on a RNG crate).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn host(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::from_f32(shape, values(shape.iter().product(), seed)).unwrap()
+}
+
+fn mlx(t: &Tensor) -> Tensor {
+    let m = t.to_device(Device::Mlx).unwrap();
+    assert_eq!(m.device(), Device::Mlx);
+    m
+}
+
+fn back(t: &Tensor) -> Vec<f32> {
+    assert_eq!(t.device(), Device::Mlx, "the op did not run on MLX");
+    t.to_device(Device::Cpu).unwrap().to_vec_f32().unwrap()
+}
+
+/// Fails on NaN, on inf in one result but not the other, and on NMSE above `limit`.
+fn check(what: &str, reference: &Tensor, got: &Tensor, limit: f64) {
+    assert_eq!(reference.shape(), got.shape(), "{what}: shape");
+    let a = reference.to_vec_f32().unwrap();
+    let b = back(got);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            !x.is_nan() && !y.is_nan(),
+            "{what}: NaN at {i} (cpu {x}, mlx {y})"
+        );
+        if x.is_infinite() || y.is_infinite() {
+            assert_eq!(x, y, "{what}: one-sided inf at {i}");
+            continue;
+        }
+        num += (x as f64 - y as f64).powi(2);
+        den += (x as f64).powi(2);
+    }
+    let nmse = num / den.max(f64::MIN_POSITIVE);
+    assert!(nmse <= limit, "{what}: NMSE {nmse:e} > {limit:e}");
+}
+
+fn to_bf16(t: &Tensor) -> Tensor {
+    let v: Vec<bf16> = t
+        .f32s()
+        .unwrap()
+        .iter()
+        .map(|&x| bf16::from_f32(x))
+        .collect();
+    Tensor::from_slice(t.shape(), DType::BF16, &v).unwrap()
+}
+
+/// Affine quantization as MLX lays it out, written here from the format's definition:
+/// per group of `group` columns, `scale = (max − min) / (2^bits − 1)`, `bias = min`,
+/// `q = round((w − bias) / scale)`, packed little-end-first into u32 words; scales and biases
+/// stored as bf16 (the values the kernels must then use exactly).
+fn quantize(rows: usize, cols: usize, bits: usize, group: usize, seed: u64) -> Weight {
+    let w = values(rows * cols, seed);
+    let levels = (1u32 << bits) - 1;
+    let groups = cols / group;
+    let (mut scales, mut biases) = (Vec::new(), Vec::new());
+    let mut packed = vec![0u32; rows * cols * bits / 32];
+    for r in 0..rows {
+        for g in 0..groups {
+            let chunk = &w[r * cols + g * group..r * cols + (g + 1) * group];
+            let lo = chunk.iter().cloned().fold(f32::INFINITY, f32::min);
+            let hi = chunk.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let scale = bf16::from_f32((hi - lo) / levels as f32);
+            let bias = bf16::from_f32(lo);
+            scales.push(scale);
+            biases.push(bias);
+            for (j, &x) in chunk.iter().enumerate() {
+                let q = ((x - bias.to_f32()) / scale.to_f32())
+                    .round()
+                    .clamp(0.0, levels as f32) as u32;
+                let bit = (r * cols + g * group + j) * bits;
+                packed[bit / 32] |= q << (bit % 32);
+            }
+        }
+    }
+    let spec = QuantSpec::new(QuantMode::Affine, bits, group).unwrap();
+    let packed = Tensor::from_slice(&[rows, cols * bits / 32], DType::U32, &packed).unwrap();
+    let scales = Tensor::from_slice(&[rows, groups], DType::BF16, &scales).unwrap();
+    let biases = Tensor::from_slice(&[rows, groups], DType::BF16, &biases).unwrap();
+    Weight::Quant(QuantWeight::new(spec, packed, scales, Some(biases), "test weight").unwrap())
+}
+
+#[test]
+fn round_trip_keeps_bits_of_every_dtype() {
+    let x = host(&[3, 5], 1);
+    assert_eq!(back(&mlx(&x)), x.to_vec_f32().unwrap());
+    let b = to_bf16(&x);
+    let back_b = mlx(&b).to_device(Device::Cpu).unwrap();
+    assert_eq!(back_b.dtype(), DType::BF16);
+    assert_eq!(back_b.raw_bytes().unwrap(), b.raw_bytes().unwrap());
+    let u = Tensor::from_slice(&[4], DType::U32, &[0u32, 1, 0xdead_beef, u32::MAX]).unwrap();
+    let back_u = mlx(&u).to_device(Device::Cpu).unwrap();
+    assert_eq!(
+        back_u.as_slice::<u32>().unwrap(),
+        &[0u32, 1, 0xdead_beef, u32::MAX]
+    );
+}
+
+#[test]
+fn host_reads_of_an_mlx_tensor_fail_with_a_hint() {
+    let m = mlx(&host(&[2, 2], 2));
+    let err = m.f32s().unwrap_err().to_string();
+    assert!(err.contains("to_device"), "{err}");
+}
+
+#[test]
+fn matmul_dense_f32_and_bf16() {
+    let x = host(&[7, 96], 3);
+    for (name, w) in [
+        ("f32", host(&[40, 96], 4)),
+        ("bf16", to_bf16(&host(&[40, 96], 5))),
+    ] {
+        let w = Weight::Dense(w);
+        let cpu = ops::matmul(&x, &w).unwrap();
+        let got = ops::matmul(&mlx(&x), &w).unwrap();
+        check(&format!("matmul {name}"), &cpu, &got, MATMUL);
+    }
+}
+
+#[test]
+fn matmul_affine_quantized() {
+    let x = host(&[5, 256], 6);
+    for (bits, group) in [(4, 64), (8, 32), (4, 128)] {
+        let w = quantize(48, 256, bits, group, 7 + bits as u64);
+        let cpu = ops::matmul(&x, &w).unwrap();
+        // A single row too: MLX takes its matrix-vector path there.
+        let cpu1 = ops::matmul(&x.narrow0(0, 1).unwrap(), &w).unwrap();
+        let got = ops::matmul(&mlx(&x), &w).unwrap();
+        let got1 = ops::matmul(&mlx(&x.narrow0(0, 1).unwrap()), &w).unwrap();
+        check(&format!("affine q{bits} g{group}"), &cpu, &got, MATMUL);
+        check(
+            &format!("affine q{bits} g{group}, 1 row"),
+            &cpu1,
+            &got1,
+            MATMUL,
+        );
+    }
+}
+
+#[test]
+fn rms_norm_with_and_without_weight() {
+    let x = host(&[6, 64], 8);
+    let w = to_bf16(&host(&[64], 9));
+    for (name, w) in [("bf16 weight", Some(&w)), ("no weight", None)] {
+        let cpu = ops::rms_norm(&x, w, 1e-6).unwrap();
+        let got = ops::rms_norm(&mlx(&x), w, 1e-6).unwrap();
+        check(&format!("rms_norm {name}"), &cpu, &got, ELEMENTWISE);
+    }
+}
+
+#[test]
+fn rope_both_layouts_full_and_partial() {
+    let x = host(&[9, 4, 32], 10);
+    let positions: Vec<usize> = (17..26).collect();
+    for rotated in [16usize, 8] {
+        // theta = 10000^(-2i/rotated), as Qwen/Llama configs give it.
+        let inv_freq: Vec<f32> = (0..rotated / 2)
+            .map(|i| 10000f64.powf(-((2 * i) as f64) / rotated as f64) as f32)
+            .collect();
+        for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
+            let cpu = ops::rope(&x, &positions, &inv_freq, layout).unwrap();
+            let got = ops::rope(&mlx(&x), &positions, &inv_freq, layout).unwrap();
+            check(
+                &format!("rope {layout:?} rotating {rotated}"),
+                &cpu,
+                &got,
+                ELEMENTWISE,
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_with_scattered_positions_is_cleanly_unsupported() {
+    let x = mlx(&host(&[2, 1, 8], 11));
+    let err = ops::rope(&x, &[0, 5], &[1.0, 0.1], RopeLayout::HalfSplit).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn softmax_silu_add_mul() {
+    let x = host(&[5, 33], 12);
+    let scaled = ops::scale(&x, 8.0).unwrap();
+    check(
+        "softmax",
+        &ops::softmax(&scaled).unwrap(),
+        &ops::softmax(&mlx(&scaled)).unwrap(),
+        ELEMENTWISE,
+    );
+    check(
+        "silu",
+        &ops::silu(&scaled).unwrap(),
+        &ops::silu(&mlx(&scaled)).unwrap(),
+        ELEMENTWISE,
+    );
+    let y = host(&[5, 33], 13);
+    let row = host(&[33], 14);
+    for (name, b) in [("same shape", &y), ("broadcast row", &row)] {
+        check(
+            &format!("add {name}"),
+            &ops::add(&x, b).unwrap(),
+            &ops::add(&mlx(&x), b).unwrap(),
+            ELEMENTWISE,
+        );
+        check(
+            &format!("mul {name}"),
+            &ops::mul(&x, b).unwrap(),
+            &ops::mul(&mlx(&x), &mlx(b)).unwrap(),
+            ELEMENTWISE,
+        );
+    }
+    let err = ops::add(&mlx(&x), &host(&[4], 15)).unwrap_err();
+    assert!(matches!(err, Error::Shape { .. }), "{err}");
+}
+
+#[test]
+fn a_lazy_chain_evaluates_once_at_the_host() {
+    // rms_norm -> matmul -> silu -> mul stays on MLX until the final copy to the host.
+    let x = host(&[4, 64], 16);
+    let w = Weight::Dense(to_bf16(&host(&[32, 64], 17)));
+    let g = host(&[32], 18);
+    let run = |x: &Tensor| {
+        let h = ops::rms_norm(x, None, 1e-5).unwrap();
+        let h = ops::matmul(&h, &w).unwrap();
+        ops::mul(&ops::silu(&h).unwrap(), &g).unwrap()
+    };
+    check("chain", &run(&x), &run(&mlx(&x)), MATMUL);
+}
