@@ -47,6 +47,9 @@ engine generate --model DIR --prompt-ids 1,2,3 --max-tokens 8 --top-logprobs 5 -
 enum Backend {
     /// The reference CPU backend (always built).
     Cpu,
+    /// MLX arrays on MLX's default device (Metal on a Mac, the CPU elsewhere); needs a build
+    /// with `--features mlx`.
+    Mlx,
 }
 
 #[derive(Args)]
@@ -119,10 +122,24 @@ fn main() -> ExitCode {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let Backend::Cpu = a.backend;
+    #[cfg(not(feature = "mlx"))]
+    if let Backend::Mlx = a.backend {
+        bail!(
+            "--backend mlx: this engine was built without MLX; rebuild with \
+             `cargo build --release -p engine --features mlx` (see README, \
+             \"Building the MLX backend\")"
+        );
+    }
     // Before the (slow) load, so a bad GDN_KERNEL fails fast.
     let gdn_path = GdnPath::resolve(a.gdn)?;
-    let p = Pipeline::load(&a.model)?;
+    #[allow(unused_mut)]
+    let mut p = Pipeline::load(&a.model)?;
+    #[cfg(feature = "mlx")]
+    if let Backend::Mlx = a.backend {
+        p.model
+            .to_device(kernels::Device::Mlx)
+            .context("moving the weights to MLX")?;
+    }
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => p.encode_prompt(text, a.chat)?,
         (None, Some(ids)) => ids.clone(),

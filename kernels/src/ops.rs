@@ -42,7 +42,7 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
         );
     }
     #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
+    if on_mlx(&[x]) || w.device() == crate::Device::Mlx {
         return crate::mlx::ops::matmul(x, w);
     }
     cpu::matmul::matmul(x, w)
@@ -58,6 +58,10 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
                 w.rows()
             ),
         );
+    }
+    #[cfg(feature = "mlx")]
+    if w.device() == crate::Device::Mlx {
+        return crate::mlx::more::embedding(w, ids);
     }
     cpu::matmul::embedding(w, ids)
 }
@@ -153,6 +157,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
             );
         }
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[q, k, v]) {
+        return crate::mlx::more::attention(q, k, v, p);
+    }
     cpu::attention::attention(q, k, v, p)
 }
 
@@ -173,6 +181,10 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
             ),
         );
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[cache, new]) {
+        return crate::mlx::more::kv_write(cache, new, pos);
+    }
     cpu::attention::kv_write(cache, new, pos)
 }
 
@@ -190,6 +202,10 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
 /// that is all `-inf` stays all `-inf`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     need_rows("log_softmax", x)?;
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::log_softmax(x);
+    }
     cpu::unary::log_softmax(x)
 }
 
@@ -203,19 +219,35 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
 
 /// GELU, tanh approximation.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::unary(x, crate::mlx::more::Unary::GeluTanh);
+    }
     cpu::unary::map(x, cpu::unary::gelu_tanh)
 }
 
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Sigmoid);
+    }
     cpu::unary::map(x, cpu::unary::sigmoid)
 }
 
 pub fn softplus(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Softplus);
+    }
     cpu::unary::map(x, cpu::unary::softplus)
 }
 
 /// `x · s`.
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Scale(s));
+    }
     cpu::unary::map(x, move |v| v * s)
 }
 
@@ -248,6 +280,10 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             format!("gate {:?} and up {:?} differ", gate.shape(), up.shape()),
         );
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[gate, up]) {
+        return crate::mlx::more::swiglu(gate, up);
+    }
     cpu::binary::binary("swiglu", gate, up, |g, u| cpu::unary::silu(g) * u)
 }
 
@@ -255,12 +291,20 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// NaN never wins (an all-NaN row gives 0).
 pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     need_rows("argmax", x)?;
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::argmax(x);
+    }
     cpu::select::argmax(x)
 }
 
 /// The `k` largest `(index, value)` of a 1-D `x`, best first; ties go to the lower index, NaN
 /// ranks below `-inf`, and `k > N` gives all `N`.
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::top_k(x, k);
+    }
     cpu::select::top_k(x, k)
 }
 
@@ -315,6 +359,10 @@ pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> 
             ),
         );
     }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[a, a_log, dt_bias]) {
+        return crate::mlx::more::gdn_gate(a, a_log, dt_bias);
+    }
     cpu::gdn::gate(a, a_log, dt_bias)
 }
 
@@ -331,6 +379,10 @@ pub fn gdn_recurrent(
     state: &mut Tensor,
 ) -> Result<Tensor> {
     gdn_check("gdn_recurrent", q, k, v, g_log, beta, state)?;
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[q, k, v, g_log, beta, state]) {
+        return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
+    }
     cpu::gdn::recurrent(q, k, v, g_log, beta, state)
 }
 
@@ -349,6 +401,12 @@ pub fn gdn_chunked(
     gdn_check("gdn_chunked", q, k, v, g_log, beta, state)?;
     if chunk == 0 {
         return crate::error::invalid("gdn_chunked", "chunk length must be at least 1");
+    }
+    // MLX runs the per-step form for now (same contract, f32 rounding apart); a chunked MLX
+    // graph (DESIGN §5) is still to come.
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[q, k, v, g_log, beta, state]) {
+        return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
     }
     cpu::gdn::chunked(q, k, v, g_log, beta, state, chunk)
 }
@@ -380,6 +438,10 @@ pub fn causal_conv1d(
                 state.shape()
             ),
         );
+    }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x, weight, state]) {
+        return crate::mlx::more::causal_conv1d(x, weight, state, silu);
     }
     cpu::gdn::causal_conv1d(x, weight, state, silu)
 }

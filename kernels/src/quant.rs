@@ -217,6 +217,30 @@ impl Weight {
     pub fn numel(&self) -> usize {
         self.rows() * self.cols()
     }
+
+    /// Where the weight's tensors live (a quantized weight's packed codes decide).
+    pub fn device(&self) -> crate::Device {
+        match self {
+            Weight::Dense(t) => t.device(),
+            Weight::Quant(q) => q.packed.device(),
+        }
+    }
+
+    /// The same weight with every tensor on `device` (packed codes, scales, biases), so a model
+    /// moves its weights once at load instead of copying them into each op call.
+    pub fn to_device(&self, device: crate::Device) -> Result<Weight> {
+        Ok(match self {
+            Weight::Dense(t) => Weight::Dense(t.to_device(device)?),
+            Weight::Quant(q) => Weight::Quant(QuantWeight {
+                spec: q.spec,
+                rows: q.rows,
+                cols: q.cols,
+                packed: q.packed.to_device(device)?,
+                scales: q.scales.to_device(device)?,
+                biases: q.biases.as_ref().map(|b| b.to_device(device)).transpose()?,
+            }),
+        })
+    }
 }
 
 /// Rounds `x` to the nearest value of `dtype` (ties to even), as MLX stores a result in an array

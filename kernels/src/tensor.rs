@@ -299,6 +299,10 @@ impl Tensor {
                 ),
             );
         }
+        #[cfg(feature = "mlx")]
+        if self.device() == Device::Mlx {
+            return crate::mlx::narrow(self, 0, start, len);
+        }
         let row = numel(&self.shape[1..]);
         let mut t = self.clone();
         t.shape[0] = len;
@@ -317,6 +321,10 @@ impl Tensor {
                     self.shape
                 ),
             );
+        }
+        #[cfg(feature = "mlx")]
+        if self.device() == Device::Mlx {
+            return crate::mlx::narrow(self, dim, start, len);
         }
         if dim == 0 || self.shape[..dim].iter().all(|&d| d == 1) {
             let lead = self.shape[..dim].iter().product::<usize>();

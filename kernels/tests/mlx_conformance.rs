@@ -254,3 +254,223 @@ fn a_lazy_chain_evaluates_once_at_the_host() {
     };
     check("chain", &run(&x), &run(&mlx(&x)), MATMUL);
 }
+
+/// The largest and smallest finite f32 inputs and a few awkward ones, for the activations.
+fn awkward(n: usize, seed: u64) -> Tensor {
+    let mut v = values(n, seed);
+    for (i, x) in [-90.0f32, -30.0, -5.0, 0.0, -0.0, 5.0, 30.0, 90.0]
+        .into_iter()
+        .enumerate()
+    {
+        v[i] = x;
+    }
+    Tensor::from_f32(&[n / 8, 8], v.iter().map(|x| x * 6.0).collect()).unwrap()
+}
+
+#[test]
+fn embedding_dense_and_affine_with_resident_weights() {
+    let ids = [3u32, 0, 47, 3, 12];
+    let dense = Weight::Dense(to_bf16(&host(&[48, 64], 20)));
+    for (name, w) in [
+        ("bf16", dense),
+        ("affine q4 g64", quantize(48, 256, 4, 64, 21)),
+    ] {
+        let on = w.to_device(Device::Mlx).unwrap();
+        assert_eq!(on.device(), Device::Mlx);
+        let cpu = ops::embedding(&w, &ids).unwrap();
+        check(
+            &format!("embedding {name}"),
+            &cpu,
+            &ops::embedding(&on, &ids).unwrap(),
+            ELEMENTWISE,
+        );
+        // A resident weight moves matmul to MLX even for a host input.
+        let x = host(&[3, w.cols()], 22);
+        check(
+            &format!("matmul, resident {name}"),
+            &ops::matmul(&x, &w).unwrap(),
+            &ops::matmul(&x, &on).unwrap(),
+            MATMUL,
+        );
+        let err = ops::embedding(&on, &[48]).unwrap_err();
+        assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    }
+}
+
+#[test]
+fn attention_causal_gqa_window_softcap_decode() {
+    let (hq, hk, d, cap) = (8, 2, 16, 20);
+    let k = host(&[hk, cap, d], 23);
+    let v = host(&[hk, cap, d], 24);
+    let cases = [
+        ("prefill", 6, 0, 6, None, None),
+        ("continued, windowed", 5, 7, 12, Some(4), None),
+        ("softcap", 6, 2, 8, None, Some(0.5)),
+        ("decode", 1, 11, 12, Some(3), Some(2.0)),
+    ];
+    for (name, t, q_start, kv_len, window, softcap) in cases {
+        let q = host(&[t, hq, d], 25 + t as u64);
+        let p = ops::AttnParams {
+            q_start,
+            kv_len,
+            scale: 0.8,
+            window,
+            softcap,
+        };
+        let cpu = ops::attention(&q, &k, &v, &p).unwrap();
+        let got = ops::attention(&mlx(&q), &mlx(&k), &v, &p).unwrap();
+        check(&format!("attention {name}"), &cpu, &got, MATMUL);
+    }
+}
+
+#[test]
+fn kv_write_at_start_middle_and_end() {
+    let base = host(&[2, 9, 4], 30);
+    for (pos, t) in [(0, 3), (4, 2), (6, 3)] {
+        let new = host(&[t, 2, 4], 31 + pos as u64);
+        let mut cpu = base.clone();
+        ops::kv_write(&mut cpu, &new, pos).unwrap();
+        let mut got = mlx(&base);
+        ops::kv_write(&mut got, &new, pos).unwrap();
+        // A pure copy: bit-identical.
+        assert_eq!(back(&got), cpu.to_vec_f32().unwrap(), "kv_write at {pos}");
+    }
+}
+
+#[test]
+fn activations_scale_swiglu() {
+    let x = awkward(64, 32);
+    let up = host(&[8, 8], 33);
+    type Op = fn(&Tensor) -> kernels::Result<Tensor>;
+    let cases: [(&str, Op); 4] = [
+        ("sigmoid", ops::sigmoid),
+        ("softplus", ops::softplus),
+        ("gelu_tanh", ops::gelu_tanh),
+        ("scale", |x| ops::scale(x, -1.5)),
+    ];
+    for (name, f) in cases {
+        check(name, &f(&x).unwrap(), &f(&mlx(&x)).unwrap(), ELEMENTWISE);
+    }
+    check(
+        "swiglu",
+        &ops::swiglu(&x, &up).unwrap(),
+        &ops::swiglu(&mlx(&x), &up).unwrap(),
+        ELEMENTWISE,
+    );
+}
+
+#[test]
+fn log_softmax_argmax_top_k() {
+    let mut v = values(4 * 50, 34)
+        .iter()
+        .map(|x| x * 20.0)
+        .collect::<Vec<_>>();
+    v[50..100].fill(f32::NEG_INFINITY); // a fully masked row stays -inf
+    v[7] = f32::NEG_INFINITY; // a masked entry in a live row
+    v[160] = v[170]; // a tie
+    v[171] = 1e3;
+    v[172] = 1e3;
+    let x = Tensor::from_f32(&[4, 50], v).unwrap();
+    check(
+        "log_softmax",
+        &ops::log_softmax(&x).unwrap(),
+        &ops::log_softmax(&mlx(&x)).unwrap(),
+        ELEMENTWISE,
+    );
+    assert_eq!(ops::argmax(&mlx(&x)).unwrap(), ops::argmax(&x).unwrap());
+    let row = x.narrow0(3, 1).unwrap().reshape(&[50]).unwrap();
+    assert_eq!(
+        ops::top_k(&mlx(&row), 5).unwrap(),
+        ops::top_k(&row, 5).unwrap()
+    );
+}
+
+#[test]
+fn gdn_gate_including_extremes() {
+    let mut a = values(6 * 4, 35)
+        .iter()
+        .map(|x| x * 10.0)
+        .collect::<Vec<_>>();
+    a[0] = -1e4; // softplus underflows: ln softplus(x) = x
+    a[1] = 80.0;
+    a[2] = -40.0;
+    let a = Tensor::from_f32(&[6, 4], a).unwrap();
+    let a_log = Tensor::from_f32(&[4], vec![-2.0, 0.5, 100.0, 3.0]).unwrap();
+    let dt = to_bf16(&host(&[4], 36));
+    let cpu = ops::gdn_gate(&a, &a_log, &dt).unwrap();
+    let got = ops::gdn_gate(&mlx(&a), &a_log, &dt).unwrap();
+    check("gdn_gate", &cpu, &got, ELEMENTWISE);
+}
+
+/// GDN inputs as the model feeds them: unit-norm q, k (q scaled by 1/√Dk), β in (0, 1), a
+/// log-decay from the gate.
+fn gdn_inputs(t: usize, seed: u64) -> [Tensor; 5] {
+    let (hk, hv, dk, dv) = (2, 4, 8, 6);
+    let unit = |s: u64, scale: f32| {
+        let mut v = values(t * hk * dk, s);
+        for row in v.chunks_mut(dk) {
+            let n = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+            row.iter_mut().for_each(|x| *x *= scale / n);
+        }
+        Tensor::from_f32(&[t, hk, dk], v).unwrap()
+    };
+    let q = unit(seed, 1.0 / (dk as f32).sqrt());
+    let k = unit(seed + 1, 1.0);
+    let v = host(&[t, hv, dv], seed + 2);
+    let beta = ops::sigmoid(&host(&[t, hv], seed + 3)).unwrap();
+    let a_log = host(&[hv], seed + 4);
+    let g = ops::gdn_gate(&host(&[t, hv], seed + 5), &a_log, &host(&[hv], seed + 6)).unwrap();
+    [q, k, v, g, beta]
+}
+
+#[test]
+fn gdn_recurrent_and_chunked_carry_state() {
+    let state0 = host(&[4, 6, 8], 40);
+    for (name, chunked) in [("recurrent", false), ("chunked (per step on MLX)", true)] {
+        let (mut cpu_s, mut mlx_s) = (state0.clone(), mlx(&state0));
+        // Two calls, so the state carried between them is checked too.
+        for (t, seed) in [(9, 41), (1, 50)] {
+            let [q, k, v, g, b] = gdn_inputs(t, seed);
+            let run = |s: &mut Tensor, q: &Tensor| {
+                if chunked {
+                    ops::gdn_chunked(q, &k, &v, &g, &b, s, 4).unwrap()
+                } else {
+                    ops::gdn_recurrent(q, &k, &v, &g, &b, s).unwrap()
+                }
+            };
+            let cpu = run(&mut cpu_s, &q);
+            let got = run(&mut mlx_s, &mlx(&q));
+            check(&format!("gdn {name} y, T={t}"), &cpu, &got, MATMUL);
+            check(&format!("gdn {name} state, T={t}"), &cpu_s, &mlx_s, MATMUL);
+        }
+    }
+}
+
+#[test]
+fn causal_conv1d_with_carried_state() {
+    let (c, kw) = (10, 4);
+    let w = to_bf16(&host(&[c, kw], 60));
+    for silu in [false, true] {
+        let (mut cpu_s, mut mlx_s) = (host(&[kw - 1, c], 61), mlx(&host(&[kw - 1, c], 61)));
+        for (t, seed) in [(6, 62), (1, 63), (2, 64)] {
+            let x = host(&[t, c], seed);
+            let cpu = ops::causal_conv1d(&x, &w, &mut cpu_s, silu).unwrap();
+            let got = ops::causal_conv1d(&mlx(&x), &w, &mut mlx_s, silu).unwrap();
+            check(&format!("conv silu={silu} T={t}"), &cpu, &got, ELEMENTWISE);
+            check(&format!("conv state T={t}"), &cpu_s, &mlx_s, ELEMENTWISE);
+        }
+    }
+}
+
+#[test]
+fn narrow_on_mlx_stays_on_mlx_and_copies_the_same_values() {
+    let x = host(&[4, 6, 3], 70);
+    for (dim, start, len) in [(0, 1, 2), (1, 2, 3), (2, 1, 1)] {
+        let cpu = x.narrow(dim, start, len).unwrap();
+        let got = mlx(&x).narrow(dim, start, len).unwrap();
+        assert_eq!(got.shape(), cpu.shape());
+        assert_eq!(back(&got), cpu.to_vec_f32().unwrap(), "narrow {dim}");
+    }
+    let got = mlx(&x).narrow0(3, 1).unwrap();
+    assert_eq!(back(&got), x.narrow0(3, 1).unwrap().to_vec_f32().unwrap());
+}

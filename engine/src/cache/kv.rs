@@ -39,11 +39,14 @@ impl KvCache {
 
 fn grow(t: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
     let (h, old, d) = (t.dim(0), t.dim(1), t.dim(2));
+    // Grown on the host (rare: capacity doubles) and put back where the cache lived.
+    let device = t.device();
+    let t = t.to_device(kernels::Device::Cpu)?;
     let src = t.f32s()?;
     let mut out = vec![0.0f32; h * cap * d];
     for head in 0..h {
         out[head * cap * d..head * cap * d + len * d]
             .copy_from_slice(&src[head * old * d..head * old * d + len * d]);
     }
-    Ok(Tensor::from_f32(&[h, cap, d], out)?)
+    Ok(Tensor::from_f32(&[h, cap, d], out)?.to_device(device)?)
 }

@@ -31,6 +31,22 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        for l in [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ] {
+            l.to_device(device)?;
+        }
+        for n in [&mut self.q_norm, &mut self.k_norm].into_iter().flatten() {
+            n.to_device(device)?;
+        }
+        Ok(())
+    }
+
     /// `x` is `[T, hidden]` at absolute positions `cache.len ..`; appends to the cache.
     pub fn forward(&self, x: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.cfg;
@@ -84,15 +100,9 @@ impl GqaAttention {
     }
 }
 
-/// Splits `[N, 2, D]` into its two `[N, D]` halves.
+/// Splits `[N, 2, D]` into its two `[N, D]` halves (on whatever device `x` lives).
 fn split_pairs(x: &Tensor) -> Result<(Tensor, Tensor)> {
     let (n, d) = (x.dim(0), x.dim(2));
-    let s = x.f32s()?;
-    let mut a = Vec::with_capacity(n * d);
-    let mut b = Vec::with_capacity(n * d);
-    for row in s.chunks(2 * d) {
-        a.extend_from_slice(&row[..d]);
-        b.extend_from_slice(&row[d..]);
-    }
-    Ok((Tensor::from_f32(&[n, d], a)?, Tensor::from_f32(&[n, d], b)?))
+    let half = |i| -> Result<Tensor> { Ok(x.narrow(1, i, 1)?.reshape(&[n, d])?) };
+    Ok((half(0)?, half(1)?))
 }

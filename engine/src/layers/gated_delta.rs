@@ -215,6 +215,23 @@ impl GatedDeltaNet {
         })
     }
 
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        for l in [
+            &mut self.in_proj_qkv,
+            &mut self.in_proj_z,
+            &mut self.in_proj_b,
+            &mut self.in_proj_a,
+            &mut self.out_proj,
+        ] {
+            l.to_device(device)?;
+        }
+        for t in [&mut self.conv_weight, &mut self.a_log, &mut self.dt_bias] {
+            *t = t.to_device(device)?;
+        }
+        self.norm.to_device(device)
+    }
+
     /// Runs `x` `[T, hidden]` after the tokens `state` has seen; updates `state`.
     pub fn forward(&self, x: &Tensor, state: &mut RecurrentState, path: GdnPath) -> Result<Tensor> {
         let c = &self.cfg;
@@ -302,5 +319,6 @@ impl GatedDeltaNet {
 }
 
 fn all_finite(t: &Tensor) -> Result<bool> {
+    let t = t.to_device(kernels::Device::Cpu)?;
     Ok(t.f32s()?.iter().all(|v| v.is_finite()))
 }

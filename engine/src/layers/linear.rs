@@ -24,6 +24,12 @@ impl Linear {
         })
     }
 
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        self.weight = self.weight.to_device(device)?;
+        Ok(())
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::matmul(x, &self.weight)?)
     }

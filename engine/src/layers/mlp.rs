@@ -28,6 +28,14 @@ impl SwiGlu {
         })
     }
 
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        for l in [&mut self.gate, &mut self.up, &mut self.down] {
+            l.to_device(device)?;
+        }
+        Ok(())
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
         self.down.forward(&h)

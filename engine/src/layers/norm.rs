@@ -33,6 +33,12 @@ impl RmsNorm {
     }
 
     /// Normalises over the last dimension (which must equal the weight's length).
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        self.weight = self.weight.to_device(device)?;
+        Ok(())
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::rms_norm(x, Some(&self.weight), self.eps)?)
     }

@@ -32,6 +32,10 @@ pub trait CausalLm: Send + Sync {
     /// A fresh, empty state for one sequence.
     fn new_state(&self) -> ModelState;
 
+    /// Moves every weight to `device` once; forwards then run there (the embedding lookup
+    /// puts the activations on the weights' device) and return logits on the host.
+    fn to_device(&mut self, device: kernels::Device) -> Result<()>;
+
     /// Runs `ids` at positions `state.pos..`, updates the state and returns logits: `[1, V]`
     /// for the last position, or `[T, V]` for every position when `all_logits`.
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor>;
@@ -65,7 +69,9 @@ pub fn lm_logits(
     } else {
         x.narrow0(x.dim(0) - 1, 1)?
     };
-    Ok(kernels::ops::matmul(&norm.forward(&x)?, lm_head)?)
+    let logits = kernels::ops::matmul(&norm.forward(&x)?, lm_head)?;
+    // Sampling reads the logits on the host (a no-op for host tensors).
+    Ok(logits.to_device(kernels::Device::Cpu)?)
 }
 
 /// Distinct weight formats of a set of weights, sorted, for `ModelInfo`.

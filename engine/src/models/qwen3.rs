@@ -169,6 +169,20 @@ impl CausalLm for Qwen3 {
         )
     }
 
+    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        // A tied head is uploaded a second time: correct, at the cost of a second copy.
+        self.embed = self.embed.to_device(device)?;
+        self.lm_head = self.lm_head.to_device(device)?;
+        self.norm.to_device(device)?;
+        for b in &mut self.blocks {
+            b.input_norm.to_device(device)?;
+            b.attn.to_device(device)?;
+            b.post_norm.to_device(device)?;
+            b.mlp.to_device(device)?;
+        }
+        Ok(())
+    }
+
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
         let mut x = ops::embedding(&self.embed, ids)?;

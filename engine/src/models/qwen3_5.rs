@@ -129,6 +129,17 @@ impl DecoderLayer {
         Ok(ops::add(&x, &h)?)
     }
 
+    /// Moves every weight of the layer to `device`.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        self.input_norm.to_device(device)?;
+        match &mut self.mixer {
+            Mixer::Linear(g) => g.to_device(device)?,
+            Mixer::Full(a) => a.to_device(device)?,
+        }
+        self.post_norm.to_device(device)?;
+        self.mlp.to_device(device)
+    }
+
     fn weights(&self) -> Vec<&Weight> {
         let mut w: Vec<&Weight> = match &self.mixer {
             Mixer::Linear(g) => g.linears().iter().map(|l| &l.weight).collect(),
@@ -554,6 +565,26 @@ impl CausalLm for Qwen3_5 {
                 })
                 .collect(),
         )
+    }
+
+    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        // A tied head is uploaded a second time: correct, at the cost of a second copy.
+        self.embed = self.embed.to_device(device)?;
+        self.lm_head = self.lm_head.to_device(device)?;
+        self.norm.to_device(device)?;
+        for l in &mut self.layers {
+            l.to_device(device)?;
+        }
+        if let Some(m) = &mut self.mtp {
+            m.fc.to_device(device)?;
+            m.pre_fc_norm_embedding.to_device(device)?;
+            m.pre_fc_norm_hidden.to_device(device)?;
+            m.norm.to_device(device)?;
+            for l in &mut m.layers {
+                l.to_device(device)?;
+            }
+        }
+        Ok(())
     }
 
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {

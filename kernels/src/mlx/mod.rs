@@ -3,6 +3,7 @@
 //! when the host needs its values (`Tensor::to_device(Device::Cpu)`), so a chain of ops runs as
 //! one graph.
 
+pub mod more;
 pub mod ops;
 
 use std::sync::{Arc, Mutex};
@@ -146,4 +147,18 @@ pub(crate) fn download(t: &Tensor) -> Result<Tensor> {
         DType::F64 => return invalid(op, "MLX tensors are never f64"),
     };
     Tensor::from_bytes(shape, t.dtype(), bytes)
+}
+
+/// `start..start+len` along `dim` of an MLX tensor, as a new (lazy) MLX array: MLX tensors
+/// carry no offset views.
+pub(crate) fn narrow(t: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+    let op = "narrow";
+    let idx = (start..start + len)
+        .map(|i| i32::try_from(i).map_err(|_| mlx_err(op, "index too large")))
+        .collect::<Result<Vec<i32>>>()?;
+    let idx = Array::from_slice(&idx, &[len as i32]);
+    let a = array_of(op, t)?
+        .take_axis(&idx, dim as i32)
+        .map_err(|e| mlx_err(op, e))?;
+    tensor_of(op, a)
 }

@@ -128,7 +128,7 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// The tensor as an f32 MLX array (float dtypes are widened exactly).
-fn f32_array(op: &'static str, t: &Tensor) -> Result<Array> {
+pub(crate) fn f32_array(op: &'static str, t: &Tensor) -> Result<Array> {
     if !t.dtype().is_float() {
         return Err(Error::DType {
             op,

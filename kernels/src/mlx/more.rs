@@ -1,0 +1,376 @@
+//! The rest of the op set on MLX arrays: embedding, attention and the KV cache, the remaining
+//! activations, log-softmax, and Gated DeltaNet with its conv. Ops that hand values to the host
+//! (argmax, top_k) evaluate and read back; everything else stays a lazy graph node.
+
+use mlx_rs::{ops as mx, Array};
+
+use super::ops::f32_array;
+use super::{array_of, download, mlx_err, tensor_of};
+use crate::error::Result;
+use crate::ops::AttnParams;
+use crate::{cpu, Error, QuantMode, Tensor, Weight};
+
+/// Shorthand: MLX errors become `Error::Invalid` naming the op.
+macro_rules! m {
+    ($op:expr, $e:expr) => {
+        $e.map_err(|e| mlx_err($op, e))?
+    };
+}
+
+fn dims(op: &'static str, shape: &[usize]) -> Result<Vec<i32>> {
+    super::mlx_shape(op, shape)
+}
+
+/// `len` consecutive indices from `start` along `axis` (MLX's take; the C API's slice is not
+/// wrapped with plain ranges in mlx-rs).
+fn range(op: &'static str, a: &Array, axis: i32, start: usize, len: usize) -> Result<Array> {
+    let idx: Vec<i32> = (start..start + len).map(|i| i as i32).collect();
+    Ok(m!(
+        op,
+        a.take_axis(Array::from_slice(&idx, &[len as i32]), axis)
+    ))
+}
+
+fn scalar(x: f32) -> Array {
+    Array::from_f32(x)
+}
+
+/// Rows `ids` of an embedding table on MLX: dense rows widened to f32, affine rows gathered
+/// (packed codes, scales, biases) and dequantized with f32 scales so the values equal the
+/// CPU's `scale·q + bias` in f32.
+pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
+    let op = "embedding";
+    let idx = Array::from_slice(ids, &[ids.len() as i32]);
+    let y = match w {
+        Weight::Dense(t) => m!(op, f32_array(op, t)?.take_axis(&idx, 0)),
+        Weight::Quant(q) => {
+            if q.spec.mode != QuantMode::Affine {
+                return Err(Error::Unsupported {
+                    op: "embedding (fp-quantized weights)",
+                    backend: "mlx",
+                });
+            }
+            let Some(b) = &q.biases else {
+                return crate::error::invalid(op, "affine quantized weight without biases");
+            };
+            let packed = m!(op, array_of(op, &q.packed)?.take_axis(&idx, 0));
+            let scales = m!(op, f32_array(op, &q.scales)?.take_axis(&idx, 0));
+            let biases = m!(op, f32_array(op, b)?.take_axis(&idx, 0));
+            m!(
+                op,
+                mx::dequantize(
+                    &packed,
+                    &scales,
+                    &biases,
+                    q.spec.group_size as i32,
+                    q.spec.bits as i32
+                )
+            )
+        }
+    };
+    tensor_of(op, y)
+}
+
+/// Causal GQA attention with MLX ops, the way mlx-lm's reference path writes it: the query
+/// heads of one KV head form a group axis, scores `q kᵀ·scale` (optionally soft-capped), an
+/// explicit causal/window mask applied with a select, a precise softmax, then `p v`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    let op = "attention";
+    let (t, hq, d) = (q.dim(0), q.dim(1), q.dim(2));
+    let hk = k.dim(0);
+    let (g, kv) = (hq / hk, p.kv_len);
+    if t == 0 {
+        return tensor_of(op, m!(op, mx::zeros::<f32>(&dims(op, q.shape())?)));
+    }
+    let sh = dims(op, &[t, hk, g, d, kv, hq])?;
+    let qa = m!(
+        op,
+        f32_array(op, q)?
+            .reshape(&[sh[0], sh[1], sh[2], sh[3]])
+            .and_then(|a| a.transpose_axes(&[1, 2, 0, 3]))
+    );
+    let ka = m!(op, range(op, &f32_array(op, k)?, 1, 0, kv)?.expand_dims(1));
+    let va = m!(op, range(op, &f32_array(op, v)?, 1, 0, kv)?.expand_dims(1));
+    let kt = m!(op, ka.swap_axes(-1, -2));
+    let mut s = m!(
+        op,
+        mx::matmul(&qa, &kt).and_then(|s| s.multiply(scalar(p.scale)))
+    );
+    if let Some(cap) = p.softcap {
+        s = m!(
+            op,
+            s.divide(scalar(cap))
+                .and_then(mx::tanh)
+                .and_then(|x| x.multiply(scalar(cap)))
+        );
+    }
+    // Query row i (position q_start + i) sees key j when j <= q_start + i and, with a window
+    // w, j > q_start + i - w: the same rule as the CPU path, so no row is ever fully masked.
+    let mut mask = Vec::with_capacity(t * kv);
+    for i in 0..t {
+        let pos = p.q_start + i;
+        let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        mask.extend((0..kv).map(|j| j >= lo && j <= pos));
+    }
+    let mask = Array::from_slice(&mask, &[sh[0], sh[4]]);
+    let s = m!(op, mx::select(&mask, &s, scalar(f32::NEG_INFINITY)));
+    let probs = m!(op, mx::softmax_axis(&s, -1, true));
+    let o = m!(
+        op,
+        mx::matmul(&probs, &va)
+            .and_then(|o| o.transpose_axes(&[2, 0, 1, 3]))
+            .and_then(|o| o.reshape(&[sh[0], sh[5], sh[3]]))
+    );
+    tensor_of(op, o)
+}
+
+/// Writes `new` `[T, Hk, D]` into the cache `[Hk, Cap, D]` at `pos..pos+T`; the cache becomes
+/// an MLX tensor. Built by concatenation (the untouched prefix and suffix around the new rows),
+/// which copies the cache once per write.
+pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
+    let op = "kv_write";
+    let (t, cap) = (new.dim(0), cache.dim(1));
+    let c = f32_array(op, cache)?;
+    let n = m!(op, f32_array(op, new)?.swap_axes(0, 1));
+    let mut parts = Vec::with_capacity(3);
+    if pos > 0 {
+        parts.push(range(op, &c, 1, 0, pos)?);
+    }
+    parts.push(n);
+    if pos + t < cap {
+        parts.push(range(op, &c, 1, pos + t, cap - pos - t)?);
+    }
+    let out = m!(op, mx::concatenate(&parts, 1));
+    *cache = tensor_of(op, out)?;
+    Ok(())
+}
+
+/// Which elementwise op [`unary`] applies.
+#[derive(Clone, Copy)]
+pub enum Unary {
+    Sigmoid,
+    Softplus,
+    GeluTanh,
+    Scale(f32),
+}
+
+/// Elementwise activations, in the stable forms the CPU path uses.
+pub fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
+    let op = "unary";
+    let xa = f32_array(op, x)?;
+    let y = match f {
+        Unary::Sigmoid => m!(op, mx::sigmoid(&xa)),
+        // max(x, 0) + log1p(e^-|x|): no overflow, no loss of tiny results.
+        Unary::Softplus => m!(
+            op,
+            mx::abs(&xa)
+                .and_then(mx::negative)
+                .and_then(mx::exp)
+                .and_then(mx::log1p)
+                .and_then(|l| mx::maximum(&xa, scalar(0.0))?.add(l))
+        ),
+        // x·sigmoid(2u), u = √(2/π)(x + 0.044715x³): the same identity as the CPU path.
+        Unary::GeluTanh => {
+            let cube = m!(op, xa.multiply(&xa).and_then(|s| s.multiply(&xa)));
+            m!(
+                op,
+                cube.multiply(scalar(0.044_715))
+                    .and_then(|c| c.add(&xa))
+                    .and_then(|u| u.multiply(scalar(1.595_769)))
+                    .and_then(mx::sigmoid)
+                    .and_then(|s| xa.multiply(s))
+            )
+        }
+        Unary::Scale(s) => m!(op, xa.multiply(scalar(s))),
+    };
+    tensor_of(op, y)
+}
+
+/// `silu(gate)·up`.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let op = "swiglu";
+    let (g, u) = (f32_array(op, gate)?, f32_array(op, up)?);
+    let y = m!(
+        op,
+        mx::sigmoid(&g)
+            .and_then(|s| g.multiply(s))
+            .and_then(|s| s.multiply(&u))
+    );
+    tensor_of(op, y)
+}
+
+/// `(x − max) − ln Σ e^(x − max)` per row in f32; an all `-inf` row stays `-inf` (as on the
+/// CPU) instead of becoming `−inf − (−inf) = NaN`.
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let op = "log_softmax";
+    let xa = f32_array(op, x)?;
+    let mx_row = m!(op, xa.max_axis(-1, true));
+    let dead = m!(op, mx::is_neg_inf(&mx_row));
+    let shift = m!(op, mx::select(&dead, scalar(0.0), &mx_row));
+    let z = m!(op, xa.subtract(&shift));
+    let lse = m!(
+        op,
+        mx::exp(&z)
+            .and_then(|e| e.sum_axis(-1, true))
+            .and_then(mx::log)
+    );
+    let y = m!(
+        op,
+        z.subtract(&lse)
+            .and_then(|y| mx::select(&dead, scalar(f32::NEG_INFINITY), y))
+    );
+    tensor_of(op, y)
+}
+
+/// Argmax needs host values anyway (token ids): evaluate, read back, and use the CPU rule for
+/// ties and NaN.
+pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
+    cpu::select::argmax(&download(&to_f32_tensor("argmax", x)?)?)
+}
+
+pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
+    cpu::select::top_k(&download(&to_f32_tensor("top_k", x)?)?, k)
+}
+
+fn to_f32_tensor(op: &'static str, x: &Tensor) -> Result<Tensor> {
+    tensor_of(op, f32_array(op, x)?)
+}
+
+/// `g_log = max(−exp(A_log + ln softplus(a + dt_bias)), GATE_FLOOR)` in f32, with
+/// `ln softplus(x) = x` below −36 (where softplus(x) = eˣ to rounding), as the CPU path does
+/// in f64: no `exp(A_log)·0 = inf·0` corner.
+pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {
+    let op = "gdn_gate";
+    let hv = dims(op, &[a.dim(1)])?;
+    let dt = m!(op, f32_array(op, dt_bias)?.reshape(&hv));
+    let a_log = m!(op, f32_array(op, a_log)?.reshape(&hv));
+    let x = m!(op, f32_array(op, a)?.add(&dt));
+    let sp = m!(
+        op,
+        mx::abs(&x)
+            .and_then(mx::negative)
+            .and_then(mx::exp)
+            .and_then(mx::log1p)
+            .and_then(|l| mx::maximum(&x, scalar(0.0))?.add(l))
+            .and_then(mx::log)
+    );
+    let small = m!(op, x.lt(scalar(-36.0)));
+    let ln_sp = m!(op, mx::select(&small, &x, &sp));
+    let g = m!(
+        op,
+        ln_sp
+            .add(&a_log)
+            .and_then(mx::exp)
+            .and_then(mx::negative)
+            .and_then(|g| mx::maximum(g, scalar(cpu::gdn::GATE_FLOOR)))
+    );
+    tensor_of(op, g)
+}
+
+/// Steps between evaluations of the recurrent state, so a long prefill does not build one
+/// graph of thousands of nodes.
+const GDN_EVAL_EVERY: usize = 64;
+
+/// The per-step recurrence with MLX ops, one step at a time over all heads:
+/// `S ← e^g·S; δ = β(v − S k); S ← S + δ kᵀ; y = S q`. `state` becomes an MLX tensor.
+pub fn gdn_recurrent(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g_log: &Tensor,
+    beta: &Tensor,
+    state: &mut Tensor,
+) -> Result<Tensor> {
+    let op = "gdn_recurrent";
+    let (t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2));
+    let (hv, dv) = (v.dim(1), v.dim(2));
+    let sh = dims(op, &[t, hk, hv / hk, dk, hv, dv])?;
+    let (hv_, dk_, dv_) = (sh[4], sh[3], sh[5]);
+    if t == 0 {
+        return tensor_of(op, m!(op, mx::zeros::<f32>(&[0, hv_, dv_])));
+    }
+    // Value head h reads key head h / (Hv/Hk): repeat each key head Hv/Hk times in place.
+    let per_value_head = |x: &Tensor| -> Result<Vec<Array>> {
+        let a = m!(
+            op,
+            f32_array(op, x)?
+                .reshape(&[sh[0], sh[1], 1, sh[3]])
+                .and_then(|a| mx::broadcast_to(a, &[sh[0], sh[1], sh[2], sh[3]]))
+                .and_then(|a| a.reshape(&[sh[0], hv_, dk_]))
+        );
+        Ok(m!(op, a.split_equal(sh[0], 0)))
+    };
+    let (qs, ks) = (per_value_head(q)?, per_value_head(k)?);
+    let vs = m!(op, f32_array(op, v)?.split_equal(sh[0], 0));
+    let decay = m!(
+        op,
+        f32_array(op, g_log)?
+            .exp()
+            .and_then(|d| d.split_equal(sh[0], 0))
+    );
+    let betas = m!(op, f32_array(op, beta)?.split_equal(sh[0], 0));
+    let mut s = f32_array(op, state)?;
+    let mut ys = Vec::with_capacity(t);
+    for i in 0..t {
+        let kc = m!(op, ks[i].reshape(&[hv_, dk_, 1]));
+        let kr = m!(op, ks[i].reshape(&[hv_, 1, dk_]));
+        let qc = m!(op, qs[i].reshape(&[hv_, dk_, 1]));
+        let vc = m!(op, vs[i].reshape(&[hv_, dv_, 1]));
+        let dec = m!(op, decay[i].reshape(&[hv_, 1, 1]));
+        let b = m!(op, betas[i].reshape(&[hv_, 1, 1]));
+        s = m!(op, s.multiply(&dec));
+        let delta = m!(
+            op,
+            mx::matmul(&s, &kc)
+                .and_then(|sk| vc.subtract(sk))
+                .and_then(|r| r.multiply(&b))
+        );
+        s = m!(op, mx::matmul(&delta, &kr).and_then(|u| s.add(u)));
+        ys.push(m!(
+            op,
+            mx::matmul(&s, &qc).and_then(|y| y.reshape(&[1, hv_, dv_]))
+        ));
+        if (i + 1) % GDN_EVAL_EVERY == 0 {
+            m!(op, s.eval());
+        }
+    }
+    *state = tensor_of(op, s)?;
+    tensor_of(op, m!(op, mx::concatenate(&ys, 0)))
+}
+
+/// Depthwise causal conv: `out[t] = Σ_j w[:, j] ⊙ [state; x][t + j]`, optionally through SiLU;
+/// `state` becomes the last `K − 1` rows of `[state; x]` (an MLX tensor).
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    state: &mut Tensor,
+    silu: bool,
+) -> Result<Tensor> {
+    let op = "causal_conv1d";
+    let (t, kw) = (x.dim(0), weight.dim(1));
+    let hist = kw - 1;
+    let xa = f32_array(op, x)?;
+    let all = if hist > 0 {
+        m!(op, mx::concatenate(&[f32_array(op, state)?, xa], 0))
+    } else {
+        xa
+    };
+    let w = f32_array(op, weight)?;
+    let mut out: Option<Array> = None;
+    for j in 0..kw {
+        let tap = m!(op, range(op, &w, 1, j, 1)?.reshape(&[-1]));
+        let term = m!(op, range(op, &all, 0, j, t)?.multiply(&tap));
+        out = Some(match out {
+            None => term,
+            Some(o) => m!(op, o.add(&term)),
+        });
+    }
+    let mut y = out.ok_or_else(|| mlx_err(op, "a conv needs at least one tap"))?;
+    if silu {
+        y = m!(op, mx::sigmoid(&y).and_then(|s| y.multiply(s)));
+    }
+    if hist > 0 {
+        *state = tensor_of(op, range(op, &all, 0, t, hist)?)?;
+    }
+    tensor_of(op, y)
+}
