@@ -244,7 +244,7 @@ unsafe fn matvec_rows<const AVX2: bool>(
         }
         for (i, a) in acc.iter().enumerate() {
             // SAFETY: (i, r) is inside the m x n output and column r belongs to this chunk.
-            unsafe { *dst.at(i * n + r) = sum_lanes(a) };
+            unsafe { *dst.at(i * n + r) = super::tree_sum(*a) };
         }
     }
 }
@@ -266,20 +266,6 @@ fn fold_lanes(acc: &mut [f32; LANES], a: &[f32], b: &[f32]) {
     for (l, (x, y)) in at.iter().zip(bt).enumerate() {
         acc[l] += x * y;
     }
-}
-
-/// The lanes summed in a fixed tree.
-#[inline(always)]
-fn sum_lanes(acc: &[f32; LANES]) -> f32 {
-    let mut acc = *acc;
-    let mut w = LANES / 2;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0]
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -37,3 +37,17 @@ pub(crate) fn for_each_row(
             .for_each(|(i, r)| f(i, r));
     }
 }
+
+/// Sums independent partial sums (`N` a power of two) in a fixed pairwise tree, so the result
+/// depends only on the lanes' values, never on how the work around it was scheduled.
+#[inline(always)]
+pub(crate) fn tree_sum<const N: usize>(mut acc: [f32; N]) -> f32 {
+    let mut w = N / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}

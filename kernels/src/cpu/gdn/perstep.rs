@@ -7,6 +7,7 @@
 //! independent rows changes no arithmetic: the bits equal the plain step-by-step loop.
 
 use super::Inputs;
+use crate::cpu::tree_sum;
 use crate::{Result, Tensor};
 
 /// State rows kept hot together (`ROW_BLOCK · Dk` floats: 8 KiB at Dk = 128).
@@ -80,7 +81,7 @@ fn run_tiles(
 
 /// One step of one state row; returns the row's output `y_t[r]`. Element `i` feeds partial
 /// sum `i % LANES`, every product is rounded before it is added (no FMA), and the partial
-/// sums meet in [`reduce`]'s fixed tree: the AVX2 version follows exactly these steps, so
+/// sums meet in [`tree_sum`]'s fixed tree: the AVX2 version follows exactly these steps, so
 /// both give the same bits.
 fn step_row(row: &mut [f32], k: &[f32], q: &[f32], decay: f32, beta: f32, v: f32) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -88,33 +89,21 @@ fn step_row(row: &mut [f32], k: &[f32], q: &[f32], decay: f32, beta: f32, v: f32
         *r *= decay;
         acc[i % LANES] += *r * kk;
     }
-    let delta = beta * (v - reduce(acc));
+    let delta = beta * (v - tree_sum(acc));
     let mut acc = [0.0f32; LANES];
     for (i, ((r, &kk), &qq)) in row.iter_mut().zip(k).zip(q).enumerate() {
         *r += delta * kk;
         acc[i % LANES] += *r * qq;
     }
-    reduce(acc)
-}
-
-/// Pairwise sum of the lanes in a fixed order.
-#[inline(always)]
-fn reduce(mut acc: [f32; LANES]) -> f32 {
-    let mut w = LANES / 2;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0]
+    tree_sum(acc)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{reduce, LANES};
+    use super::LANES;
+    use crate::cpu::tree_sum;
 
     /// [`super::step_row`] with AVX2 intrinsics: partial sums `0..8` and `8..16` in two
     /// registers, the same multiplies and adds in the same order (no FMA), and the ragged end
@@ -159,7 +148,7 @@ mod avx2 {
             row[i] *= decay;
             acc[i % LANES] += row[i] * k[i];
         }
-        let delta = beta * (v - reduce(acc));
+        let delta = beta * (v - tree_sum(acc));
 
         let d = _mm256_set1_ps(delta);
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -184,7 +173,7 @@ mod avx2 {
             row[i] += delta * k[i];
             acc[i % LANES] += row[i] * q[i];
         }
-        reduce(acc)
+        tree_sum(acc)
     }
 }
 
