@@ -121,6 +121,27 @@ pub fn rope(
     cpu::rope::rope(x, positions, inv_freq, layout)
 }
 
+/// [`rope`] for the plain `θ^(−2i/dims)` frequencies, with `θ` given too: the CPU path uses
+/// `inv_freq` (as [`rope`] does); the MLX path hands `base = θ` to `mx.fast.rope`, as mlx-lm's
+/// `nn.RoPE` does, so MLX derives the frequencies itself and the result equals mlx-lm's bit
+/// for bit (MLX's own frequencies differ from `inv_freq` in the last f32 bits).
+pub fn rope_with_base(
+    x: &Tensor,
+    positions: &[usize],
+    inv_freq: &[f32],
+    base: Option<f32>,
+    layout: RopeLayout,
+) -> Result<Tensor> {
+    #[cfg(feature = "mlx")]
+    if let (Some(base), true) = (base, on_mlx(&[x])) {
+        if x.dims() == 3 && positions.len() == x.dim(0) && 2 * inv_freq.len() <= x.dim(2) {
+            return crate::mlx::ops::rope_base(x, positions, inv_freq.len(), base, layout);
+        }
+    }
+    let _ = base;
+    rope(x, positions, inv_freq, layout)
+}
+
 /// Causal GQA attention. `q` is `[T, Hq, D]`; `k`, `v` are caches `[Hk, Cap, D]` of which
 /// the first `p.kv_len` positions are valid; `Hq` must be a multiple of `Hk`. Returns
 /// `[T, Hq, D]`.
@@ -381,6 +402,11 @@ pub fn gdn_recurrent(
     gdn_check("gdn_recurrent", q, k, v, g_log, beta, state)?;
     #[cfg(feature = "mlx")]
     if on_mlx(&[q, k, v, g_log, beta, state]) {
+        // On the GPU a Metal kernel keeps the state in registers across all steps.
+        #[cfg(feature = "metal")]
+        if crate::mlx::metal::on_gpu() {
+            return crate::mlx::metal::gdn_recurrent(q, k, v, g_log, beta, state);
+        }
         return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
     }
     cpu::gdn::recurrent(q, k, v, g_log, beta, state)
@@ -402,11 +428,9 @@ pub fn gdn_chunked(
     if chunk == 0 {
         return crate::error::invalid("gdn_chunked", "chunk length must be at least 1");
     }
-    // MLX runs the per-step form for now (same contract, f32 rounding apart); a chunked MLX
-    // graph (DESIGN §5) is still to come.
     #[cfg(feature = "mlx")]
     if on_mlx(&[q, k, v, g_log, beta, state]) {
-        return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
+        return crate::mlx::gdn::gdn_chunked(q, k, v, g_log, beta, state, chunk);
     }
     cpu::gdn::chunked(q, k, v, g_log, beta, state, chunk)
 }

@@ -145,24 +145,111 @@ fn matmul_dense_f32_and_bf16() {
     }
 }
 
-#[test]
-fn matmul_affine_quantized() {
-    let x = host(&[5, 256], 6);
-    for (bits, group) in [(4, 64), (8, 32), (4, 128)] {
-        let w = quantize(48, 256, bits, group, 7 + bits as u64);
-        let cpu = ops::matmul(&x, &w).unwrap();
-        // A single row too: MLX takes its matrix-vector path there.
-        let cpu1 = ops::matmul(&x.narrow0(0, 1).unwrap(), &w).unwrap();
-        let got = ops::matmul(&mlx(&x), &w).unwrap();
-        let got1 = ops::matmul(&mlx(&x.narrow0(0, 1).unwrap()), &w).unwrap();
-        check(&format!("affine q{bits} g{group}"), &cpu, &got, MATMUL);
-        check(
-            &format!("affine q{bits} g{group}, 1 row"),
-            &cpu1,
-            &got1,
-            MATMUL,
-        );
+/// Every format `kernels::quant::quantize` writes (MLX's own quantizer, byte for byte): affine
+/// at every bits × group, with f32 and bf16 scales, and the three fp modes.
+fn every_quant_format() -> Vec<(QuantSpec, DType)> {
+    let mut v = Vec::new();
+    for bits in [2, 3, 4, 5, 6, 8] {
+        for group in [32, 64, 128] {
+            for dt in [DType::F32, DType::BF16] {
+                v.push((QuantSpec::new(QuantMode::Affine, bits, group).unwrap(), dt));
+            }
+        }
     }
+    for mode in [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8] {
+        let (bits, group) = mode.fixed_bits_group().unwrap();
+        v.push((QuantSpec::new(mode, bits, group).unwrap(), DType::U8));
+    }
+    v
+}
+
+fn quantized(rows: usize, cols: usize, spec: QuantSpec, dt: DType, seed: u64) -> Weight {
+    let w = values(rows * cols, seed);
+    Weight::Quant(kernels::quant::quantize(&w, rows, cols, spec, dt).unwrap())
+}
+
+#[test]
+fn matmul_every_quant_format_dense_and_decode() {
+    let x = host(&[5, 256], 6);
+    let x1 = x.narrow0(0, 1).unwrap();
+    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
+        let w = quantized(48, 256, spec, dt, 100 + i as u64);
+        let name = format!("{} {dt:?} scales", w.format_name());
+        let resident = w.to_device(Device::Mlx).unwrap();
+        assert_eq!(resident.device(), Device::Mlx, "{name}");
+        // Host weight with an MLX input, and a resident weight (widened once at upload).
+        // A single row too: MLX takes its matrix-vector path there.
+        for (shape, x) in [("5 rows", &x), ("1 row", &x1)] {
+            let cpu = ops::matmul(x, &w).unwrap();
+            let got = ops::matmul(&mlx(x), &w).unwrap();
+            check(&format!("matmul {name}, {shape}"), &cpu, &got, MATMUL);
+            let got = ops::matmul(x, &resident).unwrap();
+            check(
+                &format!("matmul {name}, {shape}, resident"),
+                &cpu,
+                &got,
+                MATMUL,
+            );
+        }
+    }
+}
+
+#[test]
+fn embedding_every_quant_format_is_exact() {
+    let ids = [3u32, 0, 47, 3, 12];
+    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
+        let w = quantized(48, 256, spec, dt, 200 + i as u64);
+        let name = format!("embedding {} {dt:?} scales", w.format_name());
+        let cpu = ops::embedding(&w, &ids).unwrap();
+        let got = ops::embedding(&w.to_device(Device::Mlx).unwrap(), &ids).unwrap();
+        // Decoding is exact in f32 on both sides (codes times a scale, plus a bias).
+        assert_eq!(back(&got), cpu.to_vec_f32().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn resident_weights_are_f32_on_mlx_with_the_same_values() {
+    let dense = Weight::Dense(to_bf16(&host(&[8, 64], 80)));
+    let Weight::Dense(on) = dense.to_device(Device::Mlx).unwrap() else {
+        panic!("a dense weight stays dense");
+    };
+    assert_eq!(on.dtype(), DType::F32, "widened once at upload");
+    let Weight::Dense(t) = &dense else {
+        unreachable!()
+    };
+    assert_eq!(back(&on), t.to_vec_f32().unwrap(), "bf16 widens exactly");
+    let affine = quantized(
+        8,
+        64,
+        QuantSpec::new(QuantMode::Affine, 4, 32).unwrap(),
+        DType::BF16,
+        81,
+    );
+    let (Weight::Quant(q), Weight::Quant(h)) = (affine.to_device(Device::Mlx).unwrap(), &affine)
+    else {
+        panic!("a quantized weight stays quantized");
+    };
+    assert_eq!(q.scales.dtype(), DType::F32);
+    assert_eq!(back(&q.scales), h.scales.to_vec_f32().unwrap());
+    assert_eq!(
+        back(q.biases.as_ref().unwrap()),
+        h.biases.as_ref().unwrap().to_vec_f32().unwrap()
+    );
+    let packed = q.packed.to_device(Device::Cpu).unwrap();
+    assert_eq!(packed.raw_bytes().unwrap(), h.packed.raw_bytes().unwrap());
+    let fp = quantized(
+        8,
+        64,
+        QuantSpec::new(QuantMode::Nvfp4, 4, 16).unwrap(),
+        DType::U8,
+        82,
+    );
+    let (Weight::Quant(q), Weight::Quant(h)) = (fp.to_device(Device::Mlx).unwrap(), &fp) else {
+        panic!("a quantized weight stays quantized");
+    };
+    assert_eq!(q.scales.dtype(), DType::U8, "fp scales stay their u8 codes");
+    let scales = q.scales.to_device(Device::Cpu).unwrap();
+    assert_eq!(scales.raw_bytes().unwrap(), h.scales.raw_bytes().unwrap());
 }
 
 #[test]
@@ -320,6 +407,22 @@ fn attention_causal_gqa_window_softcap_decode() {
         let cpu = ops::attention(&q, &k, &v, &p).unwrap();
         let got = ops::attention(&mlx(&q), &mlx(&k), &v, &p).unwrap();
         check(&format!("attention {name}"), &cpu, &got, MATMUL);
+    }
+}
+
+#[test]
+fn kv_write_decode_steps_keep_earlier_rows() {
+    // A prefill then single-row writes into the same cache, as decoding does.
+    let (mut cpu, mut got) = (Tensor::zeros(&[2, 8, 4]), mlx(&Tensor::zeros(&[2, 8, 4])));
+    for (pos, t) in [(0, 3), (3, 1), (4, 1), (5, 1), (7, 1)] {
+        let new = host(&[t, 2, 4], 90 + pos as u64);
+        ops::kv_write(&mut cpu, &new, pos).unwrap();
+        ops::kv_write(&mut got, &new, pos).unwrap();
+        assert_eq!(
+            back(&got),
+            cpu.to_vec_f32().unwrap(),
+            "after writing at {pos}"
+        );
     }
 }
 

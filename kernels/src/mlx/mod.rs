@@ -3,6 +3,10 @@
 //! when the host needs its values (`Tensor::to_device(Device::Cpu)`), so a chain of ops runs as
 //! one graph.
 
+pub mod device;
+pub mod gdn;
+#[cfg(feature = "metal")]
+pub mod metal;
 pub mod more;
 pub mod ops;
 

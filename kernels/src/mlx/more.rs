@@ -4,11 +4,11 @@
 
 use mlx_rs::{ops as mx, Array};
 
-use super::ops::f32_array;
-use super::{array_of, download, mlx_err, tensor_of};
+use super::ops::{dequantize, f32_array, quant_arrays, slice, slice_update};
+use super::{download, mlx_err, tensor_of};
 use crate::error::Result;
 use crate::ops::AttnParams;
-use crate::{cpu, Error, QuantMode, Tensor, Weight};
+use crate::{cpu, Tensor, Weight};
 
 /// Shorthand: MLX errors become `Error::Invalid` naming the op.
 macro_rules! m {
@@ -35,37 +35,19 @@ fn scalar(x: f32) -> Array {
     Array::from_f32(x)
 }
 
-/// Rows `ids` of an embedding table on MLX: dense rows widened to f32, affine rows gathered
-/// (packed codes, scales, biases) and dequantized with f32 scales so the values equal the
-/// CPU's `scale·q + bias` in f32.
+/// Rows `ids` of an embedding table on MLX: dense rows widened to f32; quantized rows (packed
+/// codes and scales, plus biases for affine) gathered first and then dequantized by MLX in the
+/// weight's mode, to f32, so the values equal the CPU's decoded rows.
 pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     let op = "embedding";
     let idx = Array::from_slice(ids, &[ids.len() as i32]);
     let y = match w {
         Weight::Dense(t) => m!(op, f32_array(op, t)?.take_axis(&idx, 0)),
         Weight::Quant(q) => {
-            if q.spec.mode != QuantMode::Affine {
-                return Err(Error::Unsupported {
-                    op: "embedding (fp-quantized weights)",
-                    backend: "mlx",
-                });
-            }
-            let Some(b) = &q.biases else {
-                return crate::error::invalid(op, "affine quantized weight without biases");
-            };
-            let packed = m!(op, array_of(op, &q.packed)?.take_axis(&idx, 0));
-            let scales = m!(op, f32_array(op, &q.scales)?.take_axis(&idx, 0));
-            let biases = m!(op, f32_array(op, b)?.take_axis(&idx, 0));
-            m!(
-                op,
-                mx::dequantize(
-                    &packed,
-                    &scales,
-                    &biases,
-                    q.spec.group_size as i32,
-                    q.spec.bits as i32
-                )
-            )
+            let (packed, scales, biases) = quant_arrays(op, q)?;
+            let rows = |a: Array| -> Result<Array> { Ok(m!(op, a.take_axis(&idx, 0))) };
+            let biases = biases.map(rows).transpose()?;
+            dequantize(&rows(packed)?, &rows(scales)?, biases.as_ref(), q.spec)?
         }
     };
     tensor_of(op, y)
@@ -82,6 +64,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
     if t == 0 {
         return tensor_of(op, m!(op, mx::zeros::<f32>(&dims(op, q.shape())?)));
     }
+    if p.softcap.is_none() {
+        return fused_attention(q, k, v, p);
+    }
     let sh = dims(op, &[t, hk, g, d, kv, hq])?;
     let qa = m!(
         op,
@@ -89,8 +74,15 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
             .reshape(&[sh[0], sh[1], sh[2], sh[3]])
             .and_then(|a| a.transpose_axes(&[1, 2, 0, 3]))
     );
-    let ka = m!(op, range(op, &f32_array(op, k)?, 1, 0, kv)?.expand_dims(1));
-    let va = m!(op, range(op, &f32_array(op, v)?, 1, 0, kv)?.expand_dims(1));
+    // The first kv_len rows of each cache, as a view (no copy of the cache per step).
+    let used = |c: &Tensor| -> Result<Array> {
+        let stop = dims(op, &[hk, kv, c.dim(2)])?;
+        Ok(m!(
+            op,
+            slice(op, &f32_array(op, c)?, &[0, 0, 0], &stop)?.expand_dims(1)
+        ))
+    };
+    let (ka, va) = (used(k)?, used(v)?);
     let kt = m!(op, ka.swap_axes(-1, -2));
     let mut s = m!(
         op,
@@ -124,23 +116,67 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
     tensor_of(op, o)
 }
 
+/// Attention through `mx.fast.scaled_dot_product_attention`, called the way mlx-lm calls it
+/// (queries `[1, Hq, T, D]`, the cache's first `kv_len` rows as `[1, Hk, kv_len, D]`, no mask
+/// for one query, the "causal" mode for a prompt whose queries end at the last key), so the
+/// MLX path issues mlx-lm's attention ops. Other layouts (a window, a query block that does
+/// not end at the last key) pass an explicit boolean mask with the same rule as the CPU path.
+fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    use mlx_rs::fast::{scaled_dot_product_attention as sdpa, ScaledDotProductAttentionMask};
+    let op = "attention";
+    let (t, hq, d) = (q.dim(0), q.dim(1), q.dim(2));
+    let (hk, kv) = (k.dim(0), p.kv_len);
+    let sh = dims(op, &[t, hq, d, hk, kv])?;
+    let qa = m!(
+        op,
+        f32_array(op, q)?
+            .reshape(&[1, sh[0], sh[1], sh[2]])
+            .and_then(|a| a.transpose_axes(&[0, 2, 1, 3]))
+    );
+    let used = |c: &Tensor| -> Result<Array> {
+        let stop = dims(op, &[hk, kv, c.dim(2)])?;
+        Ok(m!(
+            op,
+            slice(op, &f32_array(op, c)?, &[0, 0, 0], &stop)?.expand_dims(0)
+        ))
+    };
+    let (ka, va) = (used(k)?, used(v)?);
+    let ends_at_last_key = p.q_start + t == kv;
+    let windowed = p.window.is_some_and(|w| kv > w);
+    let mask_arr;
+    let mask = if t == 1 && !windowed && ends_at_last_key {
+        None
+    } else if !windowed && ends_at_last_key {
+        Some(ScaledDotProductAttentionMask::Causal)
+    } else {
+        let mut m = Vec::with_capacity(t * kv);
+        for i in 0..t {
+            let pos = p.q_start + i;
+            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            m.extend((0..kv).map(|j| j >= lo && j <= pos));
+        }
+        mask_arr = Array::from_slice(&m, &[sh[0], sh[4]]);
+        Some(ScaledDotProductAttentionMask::Array(&mask_arr))
+    };
+    let o = m!(
+        op,
+        sdpa(&qa, &ka, &va, p.scale, mask, None)
+            .and_then(|o| o.transpose_axes(&[0, 2, 1, 3]))
+            .and_then(|o| o.reshape(&[sh[0], sh[1], sh[2]]))
+    );
+    tensor_of(op, o)
+}
+
 /// Writes `new` `[T, Hk, D]` into the cache `[Hk, Cap, D]` at `pos..pos+T`; the cache becomes
-/// an MLX tensor. Built by concatenation (the untouched prefix and suffix around the new rows),
-/// which copies the cache once per write.
+/// an MLX tensor. A slice update rather than a concatenation around the new rows: no 3-way
+/// concat of the whole cache per step, and MLX may reuse the old cache buffer in place when
+/// nothing else holds it (the cache tensor held the only handle).
 pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     let op = "kv_write";
-    let (t, cap) = (new.dim(0), cache.dim(1));
     let c = f32_array(op, cache)?;
     let n = m!(op, f32_array(op, new)?.swap_axes(0, 1));
-    let mut parts = Vec::with_capacity(3);
-    if pos > 0 {
-        parts.push(range(op, &c, 1, 0, pos)?);
-    }
-    parts.push(n);
-    if pos + t < cap {
-        parts.push(range(op, &c, 1, pos + t, cap - pos - t)?);
-    }
-    let out = m!(op, mx::concatenate(&parts, 1));
+    let at = dims(op, &[pos])?[0];
+    let out = slice_update(op, &c, &n, &[0, at, 0])?;
     *cache = tensor_of(op, out)?;
     Ok(())
 }
@@ -199,24 +235,17 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     tensor_of(op, y)
 }
 
-/// `(x − max) − ln Σ e^(x − max)` per row in f32; an all `-inf` row stays `-inf` (as on the
+/// `x − logsumexp(x)` per row in f32, as mlx-lm's `generate_step` writes it (MLX's
+/// `logsumexp`, which shifts by the row max inside); an all `-inf` row stays `-inf` (as on the
 /// CPU) instead of becoming `−inf − (−inf) = NaN`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let op = "log_softmax";
     let xa = f32_array(op, x)?;
-    let mx_row = m!(op, xa.max_axis(-1, true));
-    let dead = m!(op, mx::is_neg_inf(&mx_row));
-    let shift = m!(op, mx::select(&dead, scalar(0.0), &mx_row));
-    let z = m!(op, xa.subtract(&shift));
-    let lse = m!(
-        op,
-        mx::exp(&z)
-            .and_then(|e| e.sum_axis(-1, true))
-            .and_then(mx::log)
-    );
+    let lse = m!(op, mx::logsumexp_axis(&xa, -1, true));
+    let dead = m!(op, mx::is_neg_inf(&lse));
     let y = m!(
         op,
-        z.subtract(&lse)
+        xa.subtract(&lse)
             .and_then(|y| mx::select(&dead, scalar(f32::NEG_INFINITY), y))
     );
     tensor_of(op, y)

@@ -2,15 +2,20 @@
 //! tensor; host inputs are copied in. Where mlx-lm has a fused kernel for the op (rms_norm,
 //! rope, quantized matmul) we call the same one, so our MLX path issues mlx-lm's ops.
 
-use mlx_rs::{fast, ops as mx, Array};
+use std::ffi::CStr;
+use std::sync::Once;
+
+use mlx_rs::{fast, ops as mx, Array, Stream};
 
 use super::{array_of, mlx_err, tensor_of};
-use crate::error::Result;
+use crate::error::{invalid, Result};
 use crate::ops::RopeLayout;
-use crate::{DType, Error, QuantMode, Tensor, Weight};
+use crate::{DType, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
 
 /// `x @ wᵀ` for dense weights (any float dtype, promoted to f32 like the CPU path widens
-/// them) and for affine-quantized weights through MLX's `quantized_matmul`.
+/// them; a weight made resident by [`resident_weight`] is f32 already, so nothing is cast per
+/// call) and for quantized weights of every mode through MLX's `quantized_matmul`, which reads
+/// the same packed codes and scales the CPU path decodes.
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let op = "matmul";
     let xa = f32_array(op, x)?;
@@ -21,37 +26,211 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
             mx::matmul(&xa, &wt).map_err(|e| mlx_err(op, e))?
         }
         Weight::Quant(q) => {
-            if q.spec.mode != QuantMode::Affine {
-                return Err(Error::Unsupported {
-                    op: "matmul (fp-quantized weights)",
-                    backend: "mlx",
-                });
-            }
-            let packed = array_of(op, &q.packed)?;
-            // f32 scales and biases (exact widening) keep the product in f32, as on the CPU.
-            let scales = f32_array(op, &q.scales)?;
-            let biases = match &q.biases {
-                Some(b) => f32_array(op, b)?,
-                None => {
-                    return Err(Error::Invalid {
-                        op,
-                        msg: "affine quantized weight without biases".into(),
-                    })
-                }
-            };
-            mx::quantized_matmul(
-                &xa,
-                &packed,
-                &scales,
-                &biases,
-                true,
-                q.spec.group_size as i32,
-                q.spec.bits as i32,
-            )
-            .map_err(|e| mlx_err(op, e))?
+            let (packed, scales, biases) = quant_arrays(op, q)?;
+            quantized_matmul(&xa, &packed, &scales, biases.as_ref(), q.spec)?
         }
     };
     tensor_of(op, y)
+}
+
+/// A quantized weight's packed codes, scales and biases as MLX arrays, in the dtypes MLX's
+/// quantized kernels take: affine scales and biases widened to f32 (exactly, so the product
+/// stays in f32 as on the CPU), fp scales as their u8 codes.
+pub(crate) fn quant_arrays(
+    op: &'static str,
+    q: &QuantWeight,
+) -> Result<(Array, Array, Option<Array>)> {
+    let packed = array_of(op, &q.packed)?;
+    if q.spec.mode != QuantMode::Affine {
+        return Ok((packed, array_of(op, &q.scales)?, None));
+    }
+    let Some(b) = &q.biases else {
+        return invalid(op, "affine quantized weight without biases");
+    };
+    Ok((packed, f32_array(op, &q.scales)?, Some(f32_array(op, b)?)))
+}
+
+/// The weight as MLX keeps it for the forward: a copy on MLX, evaluated now, with dense
+/// weights and affine scales/biases already widened to f32 (exact), so no op casts a weight
+/// per call. The values are the CPU path's, which widens the same way per tile.
+pub fn resident_weight(w: &Weight) -> Result<Weight> {
+    let op = "to_device";
+    let keep = |a: Array| -> Result<Tensor> {
+        a.eval().map_err(|e| mlx_err(op, e))?;
+        tensor_of(op, a)
+    };
+    Ok(match w {
+        Weight::Dense(t) => Weight::Dense(keep(f32_array(op, t)?)?),
+        Weight::Quant(q) => {
+            let (packed, scales, biases) = quant_arrays(op, q)?;
+            Weight::Quant(QuantWeight {
+                spec: q.spec,
+                rows: q.rows,
+                cols: q.cols,
+                packed: keep(packed)?,
+                scales: keep(scales)?,
+                biases: biases.map(keep).transpose()?,
+            })
+        }
+    })
+}
+
+/// mlx-c's name of a quantization mode.
+fn mode_name(mode: QuantMode) -> &'static CStr {
+    match mode {
+        QuantMode::Affine => c"affine",
+        QuantMode::Mxfp4 => c"mxfp4",
+        QuantMode::Nvfp4 => c"nvfp4",
+        QuantMode::Mxfp8 => c"mxfp8",
+    }
+}
+
+fn some_int(v: usize) -> mlx_sys::mlx_optional_int {
+    mlx_sys::mlx_optional_int {
+        value: v as i32,
+        has_value: true,
+    }
+}
+
+/// An absent optional array argument of mlx-c (a handle with no array behind it).
+fn no_array() -> Array {
+    // SAFETY: `mlx_array_new` returns an empty handle, which mlx-c reads as "none" and which
+    // `Array`'s drop frees harmlessly (mlx-rs passes absent arrays the same way).
+    unsafe { Array::from_ptr(mlx_sys::mlx_array_new()) }
+}
+
+/// Calls an mlx-c op that mlx-rs 0.33 does not wrap with the arguments we need (a quantization
+/// `mode`, slice updates with plain ranges): `f` gets the result slot and the stream.
+fn raw_op(
+    op: &'static str,
+    f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
+) -> Result<Array> {
+    // mlx-rs installs its error handler (which records the message instead of exiting) on the
+    // first op it wraps; make sure that happened before calling mlx-c directly.
+    static HANDLER: Once = Once::new();
+    HANDLER.call_once(|| {
+        let _ = Array::from_f32(0.0).reshape(&[1]);
+    });
+    let stream = Stream::thread_local_or_default();
+    // SAFETY: the slot starts as an empty handle; on success mlx-c stores a new array in it,
+    // which `from_ptr` takes ownership of; on failure the (possibly empty) handle is freed.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = f(&mut res, stream.as_ptr());
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(mlx_err(
+                op,
+                format!("the mlx-c call failed (status {status})"),
+            ));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `x @ wᵀ` with `w` quantized in `spec`'s mode (MLX's `quantized_matmul`, transposed).
+fn quantized_matmul(
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    spec: QuantSpec,
+) -> Result<Array> {
+    let none = no_array();
+    let biases = biases.unwrap_or(&none);
+    raw_op("matmul", |res, s| unsafe {
+        mlx_sys::mlx_quantized_matmul(
+            res,
+            x.as_ptr(),
+            packed.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            true,
+            some_int(spec.group_size),
+            some_int(spec.bits),
+            mode_name(spec.mode).as_ptr(),
+            s,
+        )
+    })
+}
+
+/// The f32 values of quantized rows (MLX's `dequantize` in `spec`'s mode; no global scale, as
+/// the formats we load have none).
+pub(crate) fn dequantize(
+    packed: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    spec: QuantSpec,
+) -> Result<Array> {
+    let none = no_array();
+    let biases = biases.unwrap_or(&none);
+    let global_scale = no_array();
+    let f32_out = mlx_sys::mlx_optional_dtype {
+        value: mlx_sys::mlx_dtype__MLX_FLOAT32,
+        has_value: true,
+    };
+    raw_op("dequantize", |res, s| unsafe {
+        mlx_sys::mlx_dequantize(
+            res,
+            packed.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            some_int(spec.group_size),
+            some_int(spec.bits),
+            mode_name(spec.mode).as_ptr(),
+            global_scale.as_ptr(),
+            f32_out,
+            s,
+        )
+    })
+}
+
+/// `src` with the box `start..start+update.shape` replaced by `update` (MLX's slice update,
+/// which writes in place when `src` is not shared, instead of copying the whole array).
+pub(crate) fn slice_update(
+    op: &'static str,
+    src: &Array,
+    update: &Array,
+    start: &[i32],
+) -> Result<Array> {
+    let stop: Vec<i32> = start
+        .iter()
+        .zip(update.shape())
+        .map(|(a, b)| a + b)
+        .collect();
+    let strides = vec![1i32; start.len()];
+    raw_op(op, |res, s| unsafe {
+        mlx_sys::mlx_slice_update(
+            res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s,
+        )
+    })
+}
+
+/// `start..stop` of `a` per axis, a view (MLX's slice; mlx-rs only wraps it through indexing).
+pub(crate) fn slice(op: &'static str, a: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+    let strides = vec![1i32; start.len()];
+    raw_op(op, |res, s| unsafe {
+        mlx_sys::mlx_slice(
+            res,
+            a.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s,
+        )
+    })
 }
 
 /// RMSNorm through MLX's fused kernel (mlx-lm's `mx.fast.rms_norm`).
@@ -71,6 +250,32 @@ pub fn rope(
     inv_freq: &[f32],
     layout: RopeLayout,
 ) -> Result<Tensor> {
+    // MLX takes periods (1 / inverse frequency), as mlx-lm's scaled RoPE variants pass them.
+    let periods: Vec<f32> = inv_freq.iter().map(|&f| 1.0 / f).collect();
+    let freqs = Array::from_slice(&periods, &[periods.len() as i32]);
+    rope_fused(x, positions, 2 * inv_freq.len(), None, Some(&freqs), layout)
+}
+
+/// [`rope`] with MLX deriving the frequencies of `pairs` rotated pairs from `base` itself,
+/// exactly as mlx-lm's `nn.RoPE` (`mx.fast.rope(..., base=θ)`) does.
+pub fn rope_base(
+    x: &Tensor,
+    positions: &[usize],
+    pairs: usize,
+    base: f32,
+    layout: RopeLayout,
+) -> Result<Tensor> {
+    rope_fused(x, positions, 2 * pairs, Some(base), None, layout)
+}
+
+fn rope_fused(
+    x: &Tensor,
+    positions: &[usize],
+    dims: usize,
+    base: Option<f32>,
+    freqs: Option<&Array>,
+    layout: RopeLayout,
+) -> Result<Tensor> {
     let op = "rope";
     let start = positions.first().copied().unwrap_or(0);
     if positions.iter().enumerate().any(|(i, &p)| p != start + i) {
@@ -85,12 +290,8 @@ pub fn rope(
     let xa = f32_array(op, x)?
         .swap_axes(0, 1)
         .map_err(|e| mlx_err(op, e))?;
-    // MLX takes periods (1 / inverse frequency), as mlx-lm's scaled RoPE variants pass them.
-    let periods: Vec<f32> = inv_freq.iter().map(|&f| 1.0 / f).collect();
-    let freqs = Array::from_slice(&periods, &[periods.len() as i32]);
     let traditional = layout == RopeLayout::Interleaved;
-    let dims = 2 * inv_freq.len() as i32;
-    let y = fast::rope(&xa, dims, traditional, None, 1.0, offset, &freqs)
+    let y = fast::rope(&xa, dims as i32, traditional, base, 1.0, offset, freqs)
         .and_then(|y| y.swap_axes(0, 1))
         .map_err(|e| mlx_err(op, e))?;
     tensor_of(op, y)
