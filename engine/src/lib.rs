@@ -2,6 +2,7 @@
 //! (`models`, built from `layers`), per-sequence state (`cache`) and the generation loop
 //! (`generate`). `Pipeline` ties a checkpoint folder together.
 
+pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod generate;
@@ -11,4 +12,5 @@ pub mod pipeline;
 pub mod tokenizer;
 pub mod weights;
 
+pub use backend::Backend;
 pub use pipeline::{Pipeline, RequestOptions};

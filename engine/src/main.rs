@@ -5,15 +5,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use engine::layers::GdnPath;
-use engine::{generate, Pipeline, RequestOptions};
+use engine::{generate, Backend, Pipeline, RequestOptions};
 
 #[derive(Parser)]
 #[command(
     name = "engine",
     version,
-    about = "Run LLM checkpoint folders (Hugging Face or MLX layout, dense or quantized) on the CPU.",
+    about = "Run LLM checkpoint folders (Hugging Face or MLX layout, dense or quantized) on the CPU or MLX.",
     long_about = "Run LLM checkpoint folders (Hugging Face or MLX layout, dense or quantized).\n\n\
 A model folder holds config.json, tokenizer.json, tokenizer_config.json, optional\n\
 generation_config.json and model.safetensors (or shards with model.safetensors.index.json).\n\
@@ -41,15 +41,6 @@ engine generate --model DIR --prompt-ids 1,2,3 --max-tokens 8 --top-logprobs 5 -
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
-    /// The reference CPU backend (always built).
-    Cpu,
-    /// MLX arrays on MLX's default device (Metal on a Mac, the CPU elsewhere); needs a build
-    /// with `--features mlx`.
-    Mlx,
 }
 
 #[derive(Args)]
@@ -85,8 +76,10 @@ struct GenerateArgs {
     /// Seed of the sampler (same seed, same tokens).
     #[arg(long)]
     seed: Option<u64>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value = "cpu")]
+    /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac,
+    /// the CPU elsewhere; build with `--features mlx`); `metal`, MLX on the Metal GPU with the
+    /// Metal kernels (macOS, `--features metal`).
+    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
     backend: Backend,
     /// Also report the K best [token_id, logprob] pairs of every generated step.
     #[arg(long, default_value_t = 0)]
@@ -122,24 +115,10 @@ fn main() -> ExitCode {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    #[cfg(not(feature = "mlx"))]
-    if let Backend::Mlx = a.backend {
-        bail!(
-            "--backend mlx: this engine was built without MLX; rebuild with \
-             `cargo build --release -p engine --features mlx` (see README, \
-             \"Building the MLX backend\")"
-        );
-    }
-    // Before the (slow) load, so a bad GDN_KERNEL fails fast.
+    // Before the (slow) load, so a backend this build lacks or a bad GDN_KERNEL fails fast.
+    a.backend.require()?;
     let gdn_path = GdnPath::resolve(a.gdn)?;
-    #[allow(unused_mut)]
-    let mut p = Pipeline::load(&a.model)?;
-    #[cfg(feature = "mlx")]
-    if let Backend::Mlx = a.backend {
-        p.model
-            .to_device(kernels::Device::Mlx)
-            .context("moving the weights to MLX")?;
-    }
+    let p = Pipeline::load_on(&a.model, a.backend)?;
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => p.encode_prompt(text, a.chat)?,
         (None, Some(ids)) => ids.clone(),
@@ -198,6 +177,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 
 fn parse_gdn(s: &str) -> std::result::Result<GdnPath, String> {
     s.parse()
+}
+
+fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
 fn run_info(model: PathBuf, json: bool) -> Result<()> {

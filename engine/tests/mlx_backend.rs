@@ -106,29 +106,20 @@ mod on_mlx {
         }
     }
 
+    /// Every weight format the fixtures hold: float, MLX affine, and the fp formats.
+    const FORMATS: [&str; 7] = ["f32", "bf16", "q4", "q8", "mxfp4", "nvfp4", "mxfp8"];
+
     #[test]
     fn qwen3_mlx_written_folders_match_the_cpu_backend() {
-        for f in ["qwen3-f32", "qwen3-bf16", "qwen3-q4", "qwen3-q8"] {
-            check_folder(f);
+        for f in FORMATS {
+            check_folder(&format!("qwen3-{f}"));
         }
     }
 
     #[test]
     fn qwen3_5_mlx_written_folders_match_the_cpu_backend() {
-        for f in ["qwen3_5-f32", "qwen3_5-bf16", "qwen3_5-q4", "qwen3_5-q8"] {
-            check_folder(f);
+        for f in FORMATS {
+            check_folder(&format!("qwen3_5-{f}"));
         }
-    }
-
-    #[test]
-    fn fp_quantized_weights_say_unsupported_on_mlx() {
-        let mut m = models::load(&fixture("qwen3-mxfp4")).unwrap();
-        m.to_device(Device::Mlx).unwrap();
-        let mut s = m.new_state();
-        let err = m.forward(&prompt(4), &mut s, false).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("not supported on the mlx backend"),
-            "{err:#}"
-        );
     }
 }

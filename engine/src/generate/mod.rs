@@ -108,7 +108,9 @@ pub fn generate(
 
     while tokens.len() < budget {
         if let Some(top) = top.as_mut() {
-            let lp = ops::log_softmax(&logits)?;
+            // On the model's device: on MLX that is mlx-lm's own `logits − logsumexp`, so the
+            // reported log-probs compare with mlx-lm's bit for bit where the forward does.
+            let lp = ops::log_softmax(&logits.to_device(model.device())?)?;
             let v = lp.dim(-1);
             top.push(ops::top_k(&lp.reshape(&[v])?, req.top_logprobs)?);
         }

@@ -34,3 +34,50 @@ impl Linear {
         Ok(ops::matmul(x, &self.weight)?)
     }
 }
+
+/// Whether two weights are one stored matrix (tensor clones share their data), as a tied LM
+/// head is the embedding: such a pair must be moved to a device once and shared there.
+pub fn same_weight(a: &Weight, b: &Weight) -> bool {
+    fn same(a: &Tensor, b: &Tensor) -> bool {
+        match (a.raw_bytes(), b.raw_bytes()) {
+            (Ok(x), Ok(y)) => {
+                std::ptr::eq(x, y) && a.shape() == b.shape() && a.dtype() == b.dtype()
+            }
+            _ => false,
+        }
+    }
+    match (a, b) {
+        (Weight::Dense(x), Weight::Dense(y)) => same(x, y),
+        (Weight::Quant(x), Weight::Quant(y)) => x.spec == y.spec && same(&x.packed, &y.packed),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kernels::{DType, Tensor, Weight};
+
+    use super::same_weight;
+
+    #[test]
+    fn a_clone_is_the_same_weight_and_equal_values_are_not() {
+        let t = Tensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let w = Weight::Dense(t.clone());
+        assert!(
+            same_weight(&w, &w.clone()),
+            "a tied head shares the embedding's data"
+        );
+        let copy = Weight::Dense(Tensor::from_f32(&[2, 3], t.to_vec_f32().unwrap()).unwrap());
+        assert!(
+            !same_weight(&w, &copy),
+            "equal values in separate storage are two weights"
+        );
+        let reshaped = Weight::Dense(t.reshape(&[3, 2]).unwrap());
+        assert!(
+            !same_weight(&w, &reshaped),
+            "another shape is another weight"
+        );
+        let bytes = Tensor::from_slice(&[2, 3], DType::U8, &[0u8; 6]).unwrap();
+        assert!(!same_weight(&w, &Weight::Dense(bytes)));
+    }
+}

@@ -8,6 +8,10 @@ use crate::config::ModelConfig;
 pub struct Rope {
     pub inv_freq: Vec<f32>,
     pub layout: RopeLayout,
+    /// `θ` when `inv_freq` is the plain `θ^(−2i/dims)`: the MLX backend then lets MLX derive
+    /// the frequencies from it, as mlx-lm's `nn.RoPE` does (same bits as mlx-lm); the CPU
+    /// backend always uses `inv_freq`.
+    pub base: Option<f32>,
 }
 
 impl Rope {
@@ -17,7 +21,11 @@ impl Rope {
         let inv_freq = (0..half)
             .map(|i| (1.0 / theta.powf(2.0 * i as f64 / rot_dims as f64)) as f32)
             .collect();
-        Rope { inv_freq, layout }
+        Rope {
+            inv_freq,
+            layout,
+            base: Some(theta as f32),
+        }
     }
 
     /// Reads `rope_theta` (and rejects scaling schemes not implemented yet, rather than
@@ -42,6 +50,12 @@ impl Rope {
 
     /// Rotates `x` `[T, H, D]` for the given absolute positions.
     pub fn forward(&self, x: &Tensor, positions: &[usize]) -> Result<Tensor> {
-        Ok(ops::rope(x, positions, &self.inv_freq, self.layout)?)
+        Ok(ops::rope_with_base(
+            x,
+            positions,
+            &self.inv_freq,
+            self.base,
+            self.layout,
+        )?)
     }
 }

@@ -36,6 +36,9 @@ pub trait CausalLm: Send + Sync {
     /// puts the activations on the weights' device) and return logits on the host.
     fn to_device(&mut self, device: kernels::Device) -> Result<()>;
 
+    /// Where the weights live (the CPU until `to_device` moves them).
+    fn device(&self) -> kernels::Device;
+
     /// Runs `ids` at positions `state.pos..`, updates the state and returns logits: `[1, V]`
     /// for the last position, or `[T, V]` for every position when `all_logits`.
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor>;

@@ -567,10 +567,19 @@ impl CausalLm for Qwen3_5 {
         )
     }
 
+    fn device(&self) -> kernels::Device {
+        self.embed.device()
+    }
+
     fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        // A tied head is uploaded a second time: correct, at the cost of a second copy.
+        // A tied head is the embedding's own data: upload it once and share it.
+        let tied = crate::layers::linear::same_weight(&self.embed, &self.lm_head);
         self.embed = self.embed.to_device(device)?;
-        self.lm_head = self.lm_head.to_device(device)?;
+        self.lm_head = if tied {
+            self.embed.clone()
+        } else {
+            self.lm_head.to_device(device)?
+        };
         self.norm.to_device(device)?;
         for l in &mut self.layers {
             l.to_device(device)?;
