@@ -1,6 +1,9 @@
 //! Fingerprints the synthesiser's sources so cached synthetic checkpoints are keyed by the code
 //! that wrote them: after any change to `src/synth`, the cache misses and rewrites the folder
 //! instead of serving bytes from an older synthesiser.
+//!
+//! Under the `mlx` feature it also adds an rpath to the MLX wheel's `lib/` (mlx-sys publishes
+//! it as DEP_MLX_LIBDIR), so the harness binaries and tests find `libmlx` at run time.
 
 use std::path::{Path, PathBuf};
 
@@ -35,4 +38,11 @@ fn main() {
         println!("cargo:rerun-if-changed={}", p.display());
     }
     println!("cargo:rustc-env=SYNTH_SOURCE_HASH={h:016x}");
+
+    println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
+    if std::env::var_os("CARGO_FEATURE_MLX").is_some() {
+        if let Some(dir) = std::env::var_os("DEP_MLX_LIBDIR") {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.to_string_lossy());
+        }
+    }
 }

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Builds the MLX backend from a fresh machine and runs its tests on MLX's CPU device:
+# Builds the MLX backend from a fresh machine and runs the whole test suite with it:
 # libclang-dev (apt), a venv with the pinned MLX wheel and cmake (PyPI), mlx-c's sources (the
-# published mlx-sys crate, via cargo fetch), then the kernels and engine tests with `--features mlx`.
-# Uses its own target dir so it never invalidates the default build's artifacts.
+# published mlx-sys crate, via cargo fetch), then `cargo test --workspace --features mlx`
+# (`metal` on macOS): the CPU tests again plus the MLX ones (op conformance, CPU-vs-MLX parity,
+# goldens/mlx-cpu, the oracle on MLX). On Linux it then type-checks the Metal-only code in
+# mlx-sys's bindings-only mode. Uses its own target dir so the default build's artifacts stay.
 #
-# Environment: CARGO_TARGET_DIR (default /work/tgt-mlx when /work exists, else target/mlx),
-# plus everything ci/mlx/setup.sh reads.
+# Environment: CARGO_TARGET_DIR (default <repo>/target/mlx), MLX_FEATURE (default `metal` on
+# macOS, else `mlx`), plus everything ci/mlx/setup.sh reads.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
-if [ -z "${CARGO_TARGET_DIR:-}" ]; then
-    if [ -d /work ]; then export CARGO_TARGET_DIR=/work/tgt-mlx; else export CARGO_TARGET_DIR="$root/target/mlx"; fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/mlx}"
+if [ "$(uname -s)" = Darwin ]; then
+    feature="${MLX_FEATURE:-metal}"
+else
+    feature="${MLX_FEATURE:-mlx}"
 fi
 start=$(date +%s)
 echo "== mlx: setup (libclang, MLX wheel, cmake, mlx-c sources)"
@@ -18,15 +23,15 @@ cmake_dir="$(ci/mlx/setup.sh | tail -n 1)"
 export MLX_CMAKE_DIR="$cmake_dir"
 echo "MLX prefix: $MLX_CMAKE_DIR"
 t1=$(date +%s)
-echo "== mlx: build (mlx-c against the wheel, mlx-rs, kernels and engine --features mlx)"
-cargo test -p kernels -p engine --features mlx --no-run
+echo "== mlx: build (mlx-c against the wheel, mlx-rs, the workspace with --features $feature)"
+cargo test --workspace --features "$feature" --no-run
 t2=$(date +%s)
-echo "== mlx: tests on MLX's default device"
-# One invocation for both crates: separate ones resolve features differently and would build
-# mlx-c twice. mlx_backend: engine with every weight on MLX vs the CPU backend (greedy tokens).
-cargo test -p kernels -p engine --features mlx --test mlx_conformance --test mlx_backend
+echo "== mlx: cargo test --workspace --features $feature"
+cargo test --workspace --features "$feature"
 t3=$(date +%s)
-echo "== mlx: bindings-only type check of the metal feature"
-MLX_SYS_BINDINGS_ONLY=1 cargo check -p kernels --features metal
+if [ "$(uname -s)" != Darwin ]; then
+    echo "== mlx: bindings-only type check of the metal feature"
+    MLX_SYS_BINDINGS_ONLY=1 cargo check --workspace --all-targets --features metal
+fi
 t4=$(date +%s)
 echo "mlx: setup $((t1 - start))s, build $((t2 - t1))s, tests $((t3 - t2))s, metal check $((t4 - t3))s"

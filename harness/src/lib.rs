@@ -1,5 +1,6 @@
 //! Verification and benchmarks for the engine: synthetic checkpoints (`synth`), and more.
 
+pub mod backends;
 pub mod cli;
 pub mod golden;
 pub mod machine;

@@ -1,6 +1,6 @@
-//! Execution paths: the engine's alternative ways of computing the same model (Gated DeltaNet
-//! per step or chunked, and later paged KV, MTP, ...), named on the command line as
-//! `KEY=VALUE[+KEY=VALUE...]` or `default`, e.g. `gdn=perstep`, `gdn=chunked`. Goldens, parity
+//! Execution paths: the engine's alternative ways of computing the same model (the backend,
+//! Gated DeltaNet per step or chunked, and later paged KV, MTP, ...), named on the command line
+//! as `KEY=VALUE[+KEY=VALUE...]` or `default`, e.g. `gdn=perstep`, `backend=mlx+gdn=chunked`. Goldens, parity
 //! and sweeps all select paths through [`PathSpec`], so a new path is one new key here.
 //!
 //! A path is applied to the request (or the model state) directly; the harness never selects
@@ -12,14 +12,17 @@ use std::str::FromStr;
 use anyhow::{bail, Result};
 use engine::cache::ModelState;
 use engine::layers::GdnPath;
-use engine::RequestOptions;
+use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, gdn=auto|perstep|chunked (combine keys with `+`)";
+pub const VALID_PATHS: &str =
+    "default, backend=cpu|mlx|metal, gdn=auto|perstep|chunked (combine keys with `+`)";
 
 /// One execution path. Unset keys take the engine's built-in default (never the environment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PathSpec {
+    /// Where the model runs (the CPU when unset). A model is loaded once per backend.
+    pub backend: Option<Backend>,
     /// Gated DeltaNet: per step, chunked, or by prompt length (`auto`).
     pub gdn: Option<GdnPath>,
 }
@@ -48,10 +51,24 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                 })?;
                 spec.gdn = Some(v);
             }
+            "backend" => {
+                if spec.backend.is_some() {
+                    bail!("path `{s}` sets `backend` twice");
+                }
+                let b = Backend::from_str(value.trim()).map_err(|_| {
+                    anyhow::anyhow!("unknown value `{value}` for path key `backend` in `{s}`; expected one of: cpu, mlx, metal")
+                })?;
+                spec.backend = Some(b);
+            }
             other => bail!("unknown path key `{other}` in `{s}`; valid paths: {VALID_PATHS}"),
         }
     }
     Ok(spec)
+}
+
+/// Parses a backend name for clap (`cpu`, `mlx`, `metal`).
+pub fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
 /// Parses a comma-separated list of paths, e.g. `gdn=perstep,gdn=chunked`.
@@ -61,6 +78,11 @@ pub fn parse_paths(s: &str) -> Result<Vec<PathSpec>> {
 }
 
 impl PathSpec {
+    /// The backend this spec runs on: its own, else the CPU.
+    pub fn backend(&self) -> Backend {
+        self.backend.unwrap_or_default()
+    }
+
     /// The GDN path this spec runs: its own, else the engine's built-in `auto`.
     pub fn gdn_path(&self) -> GdnPath {
         self.gdn.unwrap_or_default()
@@ -81,9 +103,17 @@ impl PathSpec {
 /// The canonical spelling: `default`, or the set keys in a fixed order joined by `+`.
 impl fmt::Display for PathSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.gdn {
-            None => write!(f, "default"),
-            Some(g) => write!(f, "gdn={g}"),
+        let mut keys = Vec::new();
+        if let Some(b) = self.backend {
+            keys.push(format!("backend={b}"));
+        }
+        if let Some(g) = self.gdn {
+            keys.push(format!("gdn={g}"));
+        }
+        if keys.is_empty() {
+            write!(f, "default")
+        } else {
+            write!(f, "{}", keys.join("+"))
         }
     }
 }
@@ -102,7 +132,14 @@ mod tests {
 
     #[test]
     fn parses_and_round_trips() {
-        for s in ["default", "gdn=perstep", "gdn=chunked", "gdn=auto"] {
+        for s in [
+            "default",
+            "gdn=perstep",
+            "gdn=chunked",
+            "gdn=auto",
+            "backend=mlx",
+            "backend=cpu+gdn=chunked",
+        ] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }
         assert_eq!(
@@ -112,6 +149,10 @@ mod tests {
         let list = parse_paths("gdn=perstep,gdn=chunked").unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(list[1].gdn, Some(GdnPath::Chunked));
+        let p = parse_path("gdn=perstep+backend=mlx").unwrap();
+        assert_eq!((p.backend(), p.gdn), (Backend::Mlx, Some(GdnPath::PerStep)));
+        assert_eq!(p.to_string(), "backend=mlx+gdn=perstep");
+        assert_eq!(PathSpec::default().backend(), Backend::Cpu);
     }
 
     #[test]
@@ -126,7 +167,15 @@ mod tests {
             e.contains("`fast`") && e.contains("perstep, chunked"),
             "{e}"
         );
-        for bad in ["", "gdn", "gdn=perstep+gdn=chunked", "gdn=perstep,"] {
+        let e = parse_path("backend=tpu").unwrap_err().to_string();
+        assert!(e.contains("`tpu`") && e.contains("cpu, mlx, metal"), "{e}");
+        for bad in [
+            "",
+            "gdn",
+            "gdn=perstep+gdn=chunked",
+            "gdn=perstep,",
+            "backend=cpu+backend=mlx",
+        ] {
             assert!(parse_paths(bad).is_err(), "{bad:?} should not parse");
         }
     }

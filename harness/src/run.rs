@@ -11,7 +11,9 @@ use clap::Args;
 use crate::cli::run_words;
 
 /// Run the main job: goldens, oracle conformance, per-step vs chunked parity, a short TTFT
-/// sweep and a report (markdown, csv, json, svg/png plots) in --out.
+/// sweep and a report (markdown, csv, json, svg/png plots) in --out. Built with
+/// `--features mlx`, it also checks the MLX goldens, the oracle and CPU-vs-MLX parity on the
+/// MLX backend, and sweeps MLX (chunked) beside the CPU paths.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Where the report goes.
@@ -73,7 +75,12 @@ impl RunArgs {
             .collect::<Vec<_>>()
             .join(",");
         let repeats = repeats.to_string();
-        let plan: Vec<(&str, Vec<&str>)> = vec![
+        let mlx = engine::Backend::Mlx.is_built();
+        let mut sweep_paths = String::from("gdn=perstep,gdn=chunked");
+        if mlx {
+            sweep_paths.push_str(",backend=mlx+gdn=chunked");
+        }
+        let mut plan: Vec<(&str, Vec<&str>)> = vec![
             ("golden check (CPU)", vec!["golden", "check"]),
             ("oracle check vs mlx-lm", vec!["oracle", "check"]),
             (
@@ -88,6 +95,32 @@ impl RunArgs {
                     "gdn=chunked",
                 ],
             ),
+        ];
+        if mlx {
+            plan.extend([
+                (
+                    "golden check (MLX)",
+                    vec!["golden", "check", "--backend", "mlx"],
+                ),
+                (
+                    "oracle check vs mlx-lm on MLX",
+                    vec!["oracle", "check", "--backend", "mlx"],
+                ),
+                (
+                    "parity backend=cpu vs backend=mlx (qwen3_5:tiny)",
+                    vec![
+                        "parity",
+                        "--synth",
+                        "qwen3_5:tiny",
+                        "--a",
+                        "backend=cpu",
+                        "--b",
+                        "backend=mlx",
+                    ],
+                ),
+            ]);
+        }
+        plan.extend([
             (
                 "TTFT sweep",
                 vec![
@@ -97,7 +130,7 @@ impl RunArgs {
                     "--lengths",
                     &lengths,
                     "--paths",
-                    "gdn=perstep,gdn=chunked",
+                    &sweep_paths,
                     "--repeats",
                     &repeats,
                     "--out",
@@ -105,7 +138,23 @@ impl RunArgs {
                 ],
             ),
             ("report", vec!["report", &sweep, "--out", &out]),
-        ];
+        ]);
+        let mlx_out = self.out.join("cpu-vs-mlx").to_string_lossy().into_owned();
+        if mlx {
+            plan.push((
+                "report CPU vs MLX (chunked)",
+                vec![
+                    "report",
+                    &sweep,
+                    "--baseline",
+                    "gdn=chunked",
+                    "--compare",
+                    "backend=mlx+gdn=chunked",
+                    "--out",
+                    &mlx_out,
+                ],
+            ));
+        }
         let mut stages = Vec::new();
         for (name, words) in plan {
             println!("\n=== {name}: harness {}", words.join(" "));

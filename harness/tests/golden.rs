@@ -1,4 +1,4 @@
-//! The CPU goldens hold, and the check can fail: a tampered copy is caught at the tampered
+//! The CPU goldens hold (and, built with `--features mlx`, the MLX ones), and the check can fail: a tampered copy is caught at the tampered
 //! token, a changed checkpoint hash is reported as staleness, a missing file as missing.
 
 use std::path::Path;
@@ -7,7 +7,21 @@ use harness::golden::{bless, check, Backend, BlessChange, Golden, Options, Verdi
 
 #[test]
 fn cpu_goldens_match() {
-    let opts = Options::for_backend(Backend::Cpu);
+    goldens_match(Backend::Cpu);
+}
+
+/// MLX on its CPU device: `goldens/mlx-cpu`, blessed on Linux x86-64. Goldens are exact, so
+/// they belong to one device and platform: on a Mac MLX runs on the GPU (and its CPU path uses
+/// another BLAS), which parity and the oracle cover instead.
+#[cfg(all(feature = "mlx", not(target_os = "macos")))]
+#[test]
+fn mlx_goldens_match() {
+    goldens_match(Backend::Mlx);
+}
+
+fn goldens_match(backend: Backend) {
+    backend.activate().unwrap();
+    let opts = Options::for_backend(backend);
     let report = check(&opts, |r| {
         eprintln!(
             "{:<48} {} {}",
@@ -30,8 +44,9 @@ fn cpu_goldens_match() {
         .collect();
     assert!(
         failed.is_empty(),
-        "{} golden case(s) failed (if the model changed on purpose: cargo run --release -p harness -- golden bless):\n{}",
+        "{} golden case(s) in {} failed (if the model changed on purpose: cargo run --release -p harness -- golden bless --backend {backend}):\n{}",
         failed.len(),
+        opts.dir.display(),
         failed.join("\n")
     );
 }
@@ -40,6 +55,7 @@ const CASE: &str = "qwen3:tiny:f32:hf/default/short";
 
 fn only(dir: &Path) -> Options {
     Options {
+        backend: Backend::Cpu,
         dir: dir.to_path_buf(),
         filter: Some(CASE.to_string()),
     }
@@ -138,7 +154,7 @@ fn check_reports_tampering_missing_files_and_stale_checkpoints() {
 
 #[test]
 fn goldens_record_what_they_promise() {
-    let dir = Backend::Cpu.default_dir();
+    let dir = harness::golden::default_dir(Backend::Cpu);
     let file = dir.join("qwen3-tiny-f32-hf.default.long.json");
     let g = Golden::read(&file).unwrap();
     assert_eq!(g.case, "qwen3:tiny:f32:hf/default/long");

@@ -19,9 +19,16 @@ fn quick_main_job_passes_and_writes_a_report() {
             .unwrap_or_else(|| panic!("no {stage} in {summary}"));
         assert!(line.contains("| ok |"), "{line}");
     }
-    // Two paths x two lengths x one repeat, and the report's table names both lengths.
+    // Two CPU paths (plus MLX chunked in an MLX build) x two lengths x one repeat, and the
+    // report's table names both lengths.
+    let mlx = engine::Backend::Mlx.is_built();
     let rows = harness::sweep::read_jsonl(&out.join("sweep.jsonl")).unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), if mlx { 6 } else { 4 });
+    if mlx {
+        assert!(rows.iter().any(|r| r.backend.starts_with("mlx")));
+        let cmp = std::fs::read_to_string(out.join("cpu-vs-mlx/report.md")).unwrap();
+        assert!(cmp.contains("backend=mlx+gdn=chunked"), "{cmp}");
+    }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
         report.contains("| 64 |") && report.contains("| 128 |"),

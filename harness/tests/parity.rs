@@ -2,6 +2,7 @@
 //! DeltaNet on a tiny Qwen3.5.
 
 use engine::Pipeline;
+use harness::backends::Loaded;
 use harness::models::synth_cached;
 use harness::parity::{builtin_prompts, classify, run, Verdict, EARLY_DIVERGE_TOKENS};
 use harness::paths::parse_path;
@@ -36,14 +37,16 @@ fn verdict_boundaries() {
     assert_eq!(classify(&same, &same[..20]), Verdict::LateDrift(20));
 }
 
-fn pipeline(spec: &str) -> Pipeline {
-    Pipeline::load(&synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap()).unwrap()
+fn pipeline(spec: &str) -> Loaded {
+    Loaded::from_cpu(
+        Pipeline::load(&synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap()).unwrap(),
+    )
 }
 
 #[test]
 fn a_path_against_itself_is_identical_with_zero_nmse() {
     let p = pipeline("qwen3:tiny");
-    let prompts = builtin_prompts(&p, 6).unwrap();
+    let prompts = builtin_prompts(p.first().unwrap(), 6).unwrap();
     assert!(prompts.iter().any(|p| p.len() > 64));
     let d = parse_path("default").unwrap();
     let report = run(&p, "qwen3:tiny", &prompts, d, d, 20, |_| {}).unwrap();
@@ -59,7 +62,7 @@ fn a_path_against_itself_is_identical_with_zero_nmse() {
 #[test]
 fn perstep_and_chunked_gdn_do_not_diverge_early() {
     let p = pipeline("qwen3_5:tiny");
-    let prompts = builtin_prompts(&p, 8).unwrap();
+    let prompts = builtin_prompts(p.first().unwrap(), 8).unwrap();
     assert!(
         prompts.iter().any(|p| p.len() > 128),
         "some prompt spans several chunks"
@@ -88,4 +91,92 @@ fn perstep_and_chunked_gdn_do_not_diverge_early() {
         report.results.iter().any(|r| r.logits_nmse > 0.0),
         "per-step and chunked gave bit-identical logits on every prompt: is the path applied?"
     );
+}
+
+/// The CPU backend against the MLX backend (MLX's CPU device here), per synthetic family and
+/// format: no early divergence, last-position logits within the design's NMSE for the family
+/// (5e-4), and the MLX side really ran on MLX (its logits differ in rounding somewhere).
+#[cfg(feature = "mlx")]
+mod cpu_vs_mlx {
+    use super::*;
+    use engine::Backend;
+
+    pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
+        backend.activate().unwrap();
+        let dir = synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap();
+        let a = parse_path(&format!("backend=cpu+{gdn}")).unwrap();
+        let b = parse_path(&format!("backend={backend}+{gdn}")).unwrap();
+        let models = Loaded::for_paths(&dir, &[a, b]).unwrap();
+        let prompts = builtin_prompts(models.first().unwrap(), 5).unwrap();
+        let report = run(&models, spec, &prompts, a, b, 20, |r| {
+            eprintln!(
+                "{spec} {gdn} prompt {} ({} tokens): {} NMSE {:.3e}",
+                r.index, r.prompt_tokens, r.verdict, r.logits_nmse
+            )
+        })
+        .unwrap();
+        for r in &report.results {
+            assert!(
+                !r.verdict.is_early(),
+                "{spec} prompt {}: {}",
+                r.index,
+                r.verdict
+            );
+            assert!(
+                r.logits_nmse <= 5e-4,
+                "{spec} prompt {}: logits NMSE {}",
+                r.index,
+                r.logits_nmse
+            );
+        }
+        assert!(
+            report.results.iter().any(|r| r.logits_nmse > 0.0),
+            "{spec}: CPU and {backend} bit-identical everywhere: did that side run on {backend}?"
+        );
+    }
+
+    fn cpu_vs_mlx(spec: &str, gdn: &str) {
+        cpu_vs(Backend::Mlx, spec, gdn)
+    }
+
+    #[test]
+    fn qwen3_cpu_and_mlx_agree_in_every_format() {
+        for f in [
+            "f32:hf",
+            "bf16:hf",
+            "q4:mlx",
+            "q8:mlx",
+            "mxfp4:mlx",
+            "nvfp4:mlx",
+            "mxfp8:mlx",
+        ] {
+            cpu_vs_mlx(&format!("qwen3:tiny:{f}"), "gdn=auto");
+        }
+    }
+
+    #[test]
+    fn qwen3_5_cpu_and_mlx_agree_on_both_gdn_paths() {
+        for f in ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"] {
+            for gdn in ["gdn=perstep", "gdn=chunked"] {
+                cpu_vs_mlx(&format!("qwen3_5:tiny:{f}"), gdn);
+            }
+        }
+    }
+}
+
+/// The same on the Metal GPU (macOS only; the macOS CI job runs it).
+#[cfg(feature = "metal")]
+mod cpu_vs_metal {
+    use super::cpu_vs_mlx::cpu_vs;
+    use engine::Backend;
+
+    #[test]
+    fn qwen3_and_qwen3_5_cpu_and_metal_agree() {
+        for f in ["bf16:hf", "q4:mlx", "mxfp4:mlx"] {
+            cpu_vs(Backend::Metal, &format!("qwen3:tiny:{f}"), "gdn=auto");
+            for gdn in ["gdn=perstep", "gdn=chunked"] {
+                cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
+            }
+        }
+    }
 }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
-use super::{bless, cases, check, Backend, Options, Verdict};
+use super::{bless, cases, check, default_dir, Backend, Options, Verdict};
+use crate::paths::parse_backend;
 
 /// T=0 goldens: stored greedy outputs of tiny synthetic checkpoints, checked byte for byte.
 ///
@@ -18,6 +19,7 @@ use super::{bless, cases, check, Backend, Options, Verdict};
 ///   harness golden check
 ///   harness golden check --filter qwen3_5:tiny:q4
 ///   harness golden bless --filter gdn=chunked
+///   harness golden check --backend mlx        (a build with --features mlx; goldens/mlx-cpu)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct GoldenArgs {
@@ -40,8 +42,9 @@ pub struct Common {
     #[arg(long, value_name = "PATTERN")]
     pub filter: Option<String>,
 
-    /// The backend whose goldens to use (its folder under goldens/).
-    #[arg(long, value_enum, default_value = "cpu")]
+    /// The backend to run on: cpu, mlx (MLX's default device; goldens/mlx-cpu here,
+    /// goldens/mlx-gpu on a Mac) or metal. mlx and metal need a build with that feature.
+    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
     pub backend: Backend,
 
     /// The golden folder [default: goldens/<backend> in the workspace].
@@ -50,22 +53,31 @@ pub struct Common {
 }
 
 impl Common {
-    fn options(&self) -> Options {
-        Options {
+    fn options(&self) -> Result<Options> {
+        // Activate first: which device MLX runs on decides the golden folder.
+        self.backend.activate()?;
+        Ok(Options {
+            backend: self.backend,
             dir: self
                 .dir
                 .clone()
-                .unwrap_or_else(|| self.backend.default_dir()),
+                .unwrap_or_else(|| default_dir(self.backend)),
             filter: self.filter.clone(),
-        }
+        })
     }
 }
 
 /// The bless command that refreshes `filter`'s cases, for messages.
 fn bless_command(c: &Common, filter: Option<&str>) -> String {
-    let mut s = String::from("cargo run --release -p harness -- golden bless");
+    let mut s = String::from("cargo run --release -p harness");
+    match c.backend {
+        Backend::Cpu => {}
+        Backend::Mlx => s.push_str(" --features mlx"),
+        Backend::Metal => s.push_str(" --features metal"),
+    }
+    s.push_str(" -- golden bless");
     if c.backend != Backend::Cpu {
-        s.push_str(&format!(" --backend {}", c.backend.key()));
+        s.push_str(&format!(" --backend {}", c.backend));
     }
     if let Some(d) = &c.dir {
         s.push_str(&format!(" --dir {}", d.display()));
@@ -100,7 +112,7 @@ fn selected(c: &Common) -> Result<usize> {
 }
 
 fn run_check(c: &Common) -> Result<()> {
-    let opts = c.options();
+    let opts = c.options()?;
     let n = selected(c)?;
     println!("golden check: {n} cases against {}", opts.dir.display());
     let report = check(&opts, |r| {
@@ -146,7 +158,7 @@ fn run_check(c: &Common) -> Result<()> {
 }
 
 fn run_bless(c: &Common) -> Result<()> {
-    let opts = c.options();
+    let opts = c.options()?;
     let n = selected(c)?;
     println!("golden bless: {n} cases into {}", opts.dir.display());
     let changes = bless(&opts, |case, _, change| {

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use clap::ValueEnum;
+pub use engine::Backend;
 use engine::{generate, Pipeline, RequestOptions};
 
 pub use cases::{Case, MATRIX, MAX_TOKENS, PROMPTS};
@@ -21,29 +21,19 @@ pub use file::{checkpoint_sha256, Golden};
 
 use crate::models;
 
-/// Where a golden set was recorded; its name is the folder under `goldens/`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// The CPU reference backend (the only one goldens exist for so far).
-    Cpu,
-}
-
-impl Backend {
-    pub fn key(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-        }
-    }
-
-    /// `goldens/<key>` in the workspace.
-    pub fn default_dir(self) -> PathBuf {
-        models::workspace_root().join("goldens").join(self.key())
-    }
+/// `goldens/<device key>` in the workspace: `goldens/cpu`, `goldens/mlx-cpu`, ... (MLX on its
+/// CPU and on a GPU round differently, so each device has its own set).
+pub fn default_dir(backend: Backend) -> PathBuf {
+    models::workspace_root()
+        .join("goldens")
+        .join(backend.device_key())
 }
 
 /// What to check or bless.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The backend the cases run on.
+    pub backend: Backend,
     /// The folder of golden files, e.g. `goldens/cpu`.
     pub dir: PathBuf,
     /// A substring of case ids or file names; `None` = every case.
@@ -53,7 +43,8 @@ pub struct Options {
 impl Options {
     pub fn for_backend(backend: Backend) -> Options {
         Options {
-            dir: backend.default_dir(),
+            backend,
+            dir: default_dir(backend),
             filter: None,
         }
     }
@@ -263,7 +254,7 @@ fn for_each_case(
         let group = cases[i..].iter().take_while(|c| &c.spec == spec).count();
         let loaded = models::synth_cached(spec).and_then(|dir| {
             let hash = checkpoint_sha256(&dir)?;
-            Ok((Pipeline::load(&dir)?, hash))
+            Ok((Pipeline::load_on(&dir, opts.backend)?, hash))
         });
         for case in &cases[i..i + group] {
             let path = opts.dir.join(case.file_name());

@@ -3,11 +3,13 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use engine::layers::gated_delta::GdnPath;
+use engine::Backend;
 use serde_json::json;
 
 use super::{cases, check, CaseResult, Options, Outcome, DEFAULT_LOGPROB_TOL};
 use crate::golden::checkpoint_sha256;
 use crate::models;
+use crate::paths::parse_backend;
 use crate::synth::{write_checkpoint, WriteOptions};
 
 /// Conformance with mlx-lm: the engine against stored greedy references made by mlx-lm
@@ -27,6 +29,7 @@ use crate::synth::{write_checkpoint, WriteOptions};
 ///   harness oracle check
 ///   harness oracle check --filter qwen3_5:tiny:bf16 --gdn chunked
 ///   harness oracle check --filter mlx-written/ --json
+///   harness oracle check --backend mlx        (a build with --features mlx)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct OracleArgs {
@@ -49,6 +52,11 @@ pub struct CheckArgs {
     /// or `mlx-written/qwen3-bf16/default/chat21`) contains this text.
     #[arg(long, value_name = "PATTERN")]
     pub filter: Option<String>,
+
+    /// The backend the engine runs on: cpu, mlx or metal (mlx and metal need a build with that
+    /// feature).
+    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
+    pub backend: Backend,
 
     /// Gated DeltaNet path for every case [default: both perstep and chunked].
     #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
@@ -96,8 +104,10 @@ fn run_check(c: &CheckArgs) -> Result<()> {
             c.logprob_tol
         );
     }
+    c.backend.activate()?;
     let opts = Options {
         filter: c.filter.clone(),
+        backend: c.backend,
         gdn: c.gdn,
         logprob_tol: c.logprob_tol,
         ..Options::default()
@@ -105,7 +115,8 @@ fn run_check(c: &CheckArgs) -> Result<()> {
     let tol = opts.logprob_tol;
     let line = |r: &CaseResult| format!("  {:<52} {:<7} {}", r.id, r.label(tol), r.detail(tol));
     let header = format!(
-        "oracle check against {} (top-{} rule, log-prob tolerance {tol:.0e})",
+        "oracle check of backend {} against {} (top-{} rule, log-prob tolerance {tol:.0e})",
+        opts.backend.device_key(),
         cases::goldens_dir(&opts.root).display(),
         super::TOP_N_AT_MISMATCH
     );

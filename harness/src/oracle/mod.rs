@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use engine::layers::gated_delta::GdnPath;
-use engine::{generate, Pipeline, RequestOptions};
+use engine::{generate, Backend, Pipeline, RequestOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::golden::checkpoint_sha256;
@@ -121,6 +121,9 @@ pub struct CaseVerdict {
     pub mismatch: Option<Mismatch>,
     /// Largest |top-1 logprob difference| over the matched steps.
     pub max_logprob_diff: f32,
+    /// Every step matched and every step's whole top list (ids and f32 log-probs, as many
+    /// entries as the shorter list holds) is equal bit for bit.
+    pub bit_identical: bool,
     /// The top-5 rule: no mismatch, or each side's token in the other's top-5 at the first one
     /// (and both sides made the same number of steps).
     pub pass: bool,
@@ -151,8 +154,15 @@ pub fn compare(
 ) -> CaseVerdict {
     let steps = ours.len().min(theirs.len());
     let mut max_diff = 0.0f32;
+    let mut identical = ours.len() == theirs.len();
     for i in 0..steps {
         let (ot, tt) = (top_at(our_top, i), top_at(their_top, i));
+        let n = ot.len().min(tt.len());
+        identical &= n > 0
+            && ot[..n]
+                .iter()
+                .zip(&tt[..n])
+                .all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
         if ours[i] != theirs[i] {
             let m = Mismatch {
                 step: i,
@@ -170,6 +180,7 @@ pub fn compare(
                 steps,
                 mismatch: Some(m),
                 max_logprob_diff: max_diff,
+                bit_identical: false,
                 pass,
             };
         }
@@ -190,6 +201,7 @@ pub fn compare(
         steps,
         mismatch: None,
         max_logprob_diff: max_diff,
+        bit_identical: identical,
         pass: ours.len() == theirs.len(),
     }
 }
@@ -208,6 +220,11 @@ fn run_case(p: &Pipeline, case: &RefCase, gdn: Option<GdnPath>) -> Result<CaseVe
         gdn_path: gdn,
         ..Default::default()
     };
+    // The engine's own loop: it computes the top log-probs on the model's device (on MLX as
+    // mlx-lm does, `logits − logsumexp(logits)`), so dense Qwen3 cases match bit for bit.
+    // mlx-lm prefills `prompt[:-1]` and runs the last prompt token as its own step; mirroring
+    // that was measured to change nothing for dense Qwen3 (MLX's CPU matmul rounds a row the
+    // same whatever the row count), so the engine's one-forward prefill is kept.
     let req = p.request(case.prompt_ids.clone(), &opts);
     let out = generate::generate(p.model.as_ref(), &req, |_| {})?;
     let top = out.top_logprobs.unwrap_or_default();
@@ -216,15 +233,16 @@ fn run_case(p: &Pipeline, case: &RefCase, gdn: Option<GdnPath>) -> Result<CaseVe
     Ok(v)
 }
 
-/// Runs the engine greedily on every case of a reference file against the model in `dir`,
-/// with the Gated DeltaNet path `gdn` (auto when `None`).
+/// Runs the engine greedily on every case of a reference file against the model in `dir` on
+/// `backend`, with the Gated DeltaNet path `gdn` (auto when `None`).
 pub fn check_reference(
     dir: &Path,
     reference: &Path,
+    backend: Backend,
     gdn: Option<GdnPath>,
 ) -> Result<Vec<CaseVerdict>> {
     let r = Reference::read(reference)?;
-    let p = Pipeline::load(dir)?;
+    let p = Pipeline::load_on(dir, backend)?;
     r.cases.iter().map(|case| run_case(&p, case, gdn)).collect()
 }
 
@@ -235,6 +253,8 @@ pub struct Options {
     pub root: PathBuf,
     /// A substring of case ids (`SOURCE/PATH/PROMPT`); `None` = every case.
     pub filter: Option<String>,
+    /// The backend the engine runs on.
+    pub backend: Backend,
     /// One Gated DeltaNet path for every case; `None` = per step and chunked for models with
     /// Gated DeltaNet layers (the default path for the others).
     pub gdn: Option<GdnPath>,
@@ -246,6 +266,7 @@ impl Default for Options {
         Options {
             root: crate::models::workspace_root(),
             filter: None,
+            backend: Backend::Cpu,
             gdn: None,
             logprob_tol: DEFAULT_LOGPROB_TOL,
         }
@@ -319,6 +340,9 @@ impl CaseResult {
                 }
                 if v.max_logprob_diff > logprob_tol {
                     s.push_str(&format!("; log-prob difference above {logprob_tol:.0e}"));
+                }
+                if v.bit_identical {
+                    s.push_str("; every top-8 log-prob bit-identical");
                 }
                 s
             }
@@ -442,7 +466,7 @@ fn check_source(
                 }));
             }
         }
-        Pipeline::load(&dir)
+        Pipeline::load_on(&dir, opts.backend)
     })();
     match loaded {
         Ok(p) => {
@@ -536,6 +560,23 @@ mod tests {
             )
             .pass
         );
+    }
+
+    #[test]
+    fn bit_identical_needs_every_pair_of_every_step_equal() {
+        let a = vec![vec![(3, -0.5), (4, -1.25)], vec![(5, -0.125)]];
+        assert!(compare(&[3, 5], &a, &[3, 5], &a).bit_identical);
+        // One ulp off in a second-ranked log-prob.
+        let mut b = a.clone();
+        b[0][1].1 = f32::from_bits(b[0][1].1.to_bits() + 1);
+        let v = compare(&[3, 5], &a, &[3, 5], &b);
+        assert!(!v.bit_identical && v.max_logprob_diff == 0.0);
+        // A different id at the same rank, a missing step, a different length.
+        let mut c = a.clone();
+        c[0][1].0 = 9;
+        assert!(!compare(&[3, 5], &a, &[3, 5], &c).bit_identical);
+        assert!(!compare(&[3, 5], &a, &[3, 5], &a[..1]).bit_identical);
+        assert!(!compare(&[3], &a, &[3, 5], &a).bit_identical);
     }
 
     #[test]

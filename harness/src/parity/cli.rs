@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use engine::Pipeline;
 
 use super::{builtin_prompts, file_prompts, run, DEFAULT_MAX_TOKENS, EARLY_DIVERGE_TOKENS};
+use crate::backends::Loaded;
 use crate::models;
 use crate::paths::{parse_path, PathSpec};
 
@@ -17,10 +17,13 @@ use crate::paths::{parse_path, PathSpec};
 /// differs and early means k < 16; beside it, the NMSE Σ(a−b)²/Σa² of the prefill's
 /// last-position logits. Exits non-zero when any prompt diverges early.
 ///
-/// Paths: `default`, or KEY=VALUE joined by `+`; keys: gdn=auto|perstep|chunked.
+/// Paths: `default`, or KEY=VALUE joined by `+`; keys: backend=cpu|mlx|metal (the model is
+/// loaded once per backend; mlx and metal need a build with `--features mlx` / `metal`),
+/// gdn=auto|perstep|chunked.
 ///
 /// Examples:
 ///   harness parity --synth qwen3_5:tiny --a gdn=perstep --b gdn=chunked
+///   harness parity --synth qwen3_5:tiny:q4 --a backend=cpu --b backend=mlx
 ///   harness parity --model ~/models/Qwen3.5-0.8B --a gdn=perstep --b gdn=chunked --prompts prompts.txt --json
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
@@ -71,11 +74,12 @@ impl ParityArgs {
             .synth
             .clone()
             .unwrap_or_else(|| dir.display().to_string());
-        let pipeline = Pipeline::load(&dir)?;
+        let models = Loaded::for_paths(&dir, &[self.a, self.b])?;
+        let pipeline = models.first()?;
         let prompts = match self.prompts.parse::<usize>() {
             Ok(0) => bail!("--prompts 0: give at least one prompt"),
-            Ok(n) => builtin_prompts(&pipeline, n)?,
-            Err(_) => file_prompts(&pipeline, std::path::Path::new(&self.prompts))?,
+            Ok(n) => builtin_prompts(pipeline, n)?,
+            Err(_) => file_prompts(pipeline, std::path::Path::new(&self.prompts))?,
         };
         let json = self.json;
         let line = |s: String| {
@@ -93,7 +97,7 @@ impl ParityArgs {
             self.max_tokens
         ));
         let report = run(
-            &pipeline,
+            &models,
             &model,
             &prompts,
             self.a,

@@ -1,5 +1,5 @@
-//! Path parity: the same model run on two paths (e.g. `gdn=perstep` vs `gdn=chunked`) over the
-//! same prompts at T=0. Per prompt a verdict — `identical`, `late-drift@k` or
+//! Path parity: the same model run on two paths (e.g. `gdn=perstep` vs `gdn=chunked`, or
+//! `backend=cpu` vs `backend=mlx`) over the same prompts at T=0. Per prompt a verdict — `identical`, `late-drift@k` or
 //! `EARLY-DIVERGE@k` (k = first differing generated token; early = k < 16) — and the NMSE of
 //! the prefill's last-position logits, which shows how far apart the paths are even when the
 //! greedy tokens agree.
@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use engine::{generate, Pipeline, RequestOptions};
 use serde::{Serialize, Serializer};
 
+use crate::backends::Loaded;
 use crate::golden::first_divergence;
 use crate::paths::PathSpec;
 
@@ -201,11 +202,12 @@ pub fn file_prompts(pipeline: &Pipeline, file: &Path) -> Result<Vec<Vec<u32>>> {
 
 /// One path's run of one prompt: the prefill's last-position logits and the greedy tokens.
 fn run_path(
-    pipeline: &Pipeline,
+    models: &Loaded,
     prompt: &[u32],
     path: PathSpec,
     max_tokens: usize,
 ) -> Result<(Vec<f32>, Vec<u32>)> {
+    let pipeline = models.for_path(&path)?;
     let model = pipeline.model.as_ref();
     let mut state = model.new_state();
     path.apply_state(&mut state);
@@ -221,10 +223,10 @@ fn run_path(
     Ok((logits, out.tokens))
 }
 
-/// Runs every prompt on both paths of the model in `pipeline` (named `model` in the report);
-/// `progress` sees each result as soon as it is known.
+/// Runs every prompt on both paths of the model in `models` (loaded on both paths' backends;
+/// named `model` in the report); `progress` sees each result as soon as it is known.
 pub fn run(
-    pipeline: &Pipeline,
+    models: &Loaded,
     model: &str,
     prompts: &[Vec<u32>],
     a: PathSpec,
@@ -232,11 +234,12 @@ pub fn run(
     max_tokens: usize,
     mut progress: impl FnMut(&PromptResult),
 ) -> Result<ParityReport> {
+    let pipeline = models.for_path(&a)?;
     let mut results = Vec::with_capacity(prompts.len());
     for (index, prompt) in prompts.iter().enumerate() {
-        let (logits_a, tokens_a) = run_path(pipeline, prompt, a, max_tokens)
+        let (logits_a, tokens_a) = run_path(models, prompt, a, max_tokens)
             .with_context(|| format!("prompt {index}, path {a}"))?;
-        let (logits_b, tokens_b) = run_path(pipeline, prompt, b, max_tokens)
+        let (logits_b, tokens_b) = run_path(models, prompt, b, max_tokens)
             .with_context(|| format!("prompt {index}, path {b}"))?;
         let verdict = classify(&tokens_a, &tokens_b);
         let r = PromptResult {

@@ -76,7 +76,11 @@ impl Selector {
             bail!("empty selector: give a path (gdn=chunked) or DIM=VALUE with DIM one of path, commit, machine, backend, label");
         }
         if let Some((key, value)) = s.split_once('=') {
-            if let Some(dim) = Dim::from_name(key.trim()) {
+            // `backend=mlx+gdn=chunked` is a path whose first key is named like a dimension,
+            // not the backend `mlx+gdn=chunked`: dimension values never hold `=`.
+            let dim =
+                Dim::from_name(key.trim()).filter(|&d| d == Dim::Path || !value.contains('='));
+            if let Some(dim) = dim {
                 let value = value.trim();
                 if value.is_empty() {
                     bail!("`{s}`: no value after `{key}=`");
@@ -145,6 +149,17 @@ mod tests {
             "gdn=perstep"
         );
         assert_eq!(Selector::parse("default").unwrap().dim, Dim::Path);
+        assert_eq!(
+            Selector::parse("backend=mlx+gdn=chunked").unwrap(),
+            Selector {
+                dim: Dim::Path,
+                value: "backend=mlx+gdn=chunked".into()
+            }
+        );
+        assert_eq!(
+            Selector::parse("backend=mlx-cpu").unwrap().dim,
+            Dim::Backend
+        );
         assert!(Selector::parse("commit=").is_err());
         assert!(Selector::parse(" ").is_err());
     }

@@ -15,35 +15,50 @@ use engine::{Pipeline, RequestOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
+use crate::backends::Loaded;
 use crate::machine::{self, Machine};
 use crate::paths::PathSpec;
 pub use prompt::PromptIds;
 pub use record::{read_jsonl, Measurement};
 
-/// A loaded model ready to time: the pipeline plus the ids its prompts may use. Shared by the
-/// sweep and the criterion bench so both time exactly the same request.
+/// A loaded model ready to time: the model on each backend the paths name, plus the ids its
+/// prompts may use. Shared by the sweep and the criterion bench so both time exactly the same
+/// request.
 pub struct TtftRunner {
-    pub pipeline: Pipeline,
+    pub models: Loaded,
     prompts: PromptIds,
 }
 
 impl TtftRunner {
+    /// The model on the CPU backend.
     pub fn load(dir: &Path) -> Result<TtftRunner> {
-        let pipeline = Pipeline::load(dir)
+        TtftRunner::load_for(dir, &[PathSpec::default()])
+    }
+
+    /// The model on every backend `paths` name.
+    pub fn load_for(dir: &Path, paths: &[PathSpec]) -> Result<TtftRunner> {
+        let models = Loaded::for_paths(dir, paths)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
+        let pipeline = models.first()?;
         let prompts = PromptIds::for_model(
             dir,
             pipeline.tokenizer.vocab_size(),
             pipeline.model.info().vocab_size,
         )?;
-        Ok(TtftRunner { pipeline, prompts })
+        Ok(TtftRunner { models, prompts })
+    }
+
+    fn pipeline(&self) -> &Pipeline {
+        self.models
+            .first()
+            .expect("a runner holds at least one pipeline")
     }
 
     /// Fails when a prompt of `len` tokens plus `max_tokens` generated ones would not fit the
     /// model's context (the engine would cut generation short and the output hashes would
     /// compare different amounts of text).
     pub fn check_length(&self, len: usize, max_tokens: usize) -> Result<()> {
-        let context = self.pipeline.model.info().context_length;
+        let context = self.pipeline().model.info().context_length;
         if len == 0 {
             bail!("prompt length 0: every length must be at least 1 token");
         }
@@ -51,7 +66,7 @@ impl TtftRunner {
             bail!(
                 "prompt length {len} + {max_tokens} generated tokens exceeds the model's context of {context} tokens \
                  (max_position_embeddings in {}); use shorter --lengths or fewer --max-tokens",
-                self.pipeline.dir.join("config.json").display()
+                self.pipeline().dir.join("config.json").display()
             );
         }
         Ok(())
@@ -77,8 +92,9 @@ impl TtftRunner {
             ..RequestOptions::default()
         };
         path.apply(&mut opts);
-        let req = self.pipeline.request(prompt_ids, &opts);
-        generate(self.pipeline.model.as_ref(), &req, |_| {})
+        let pipeline = self.models.for_path(path)?;
+        let req = pipeline.request(prompt_ids, &opts);
+        generate(pipeline.model.as_ref(), &req, |_| {})
     }
 }
 
@@ -134,12 +150,11 @@ pub fn run_sweep(
     mut on_row: impl FnMut(&Measurement) -> Result<()>,
 ) -> Result<Vec<Measurement>> {
     plan.validate()?;
-    let runner = TtftRunner::load(&plan.model_dir)?;
+    let runner = TtftRunner::load_for(&plan.model_dir, &plan.paths)?;
     for &len in &plan.lengths {
         runner.check_length(len, plan.max_tokens)?;
     }
     let machine = Machine::current();
-    let backend = machine::backend();
     let commit = machine::commit();
 
     let per_pass = (plan.lengths.len() * plan.paths.len()) as u64;
@@ -179,7 +194,7 @@ pub fn run_sweep(
                 }
                 let row = Measurement {
                     machine: machine.clone(),
-                    backend: backend.clone(),
+                    backend: path.backend().device_key(),
                     commit: commit.clone(),
                     label: plan.label.clone(),
                     model: plan.model_name.clone(),
