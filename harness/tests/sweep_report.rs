@@ -531,3 +531,34 @@ fn criterion_samples_become_measurements() {
     assert_eq!(r.parity.map(|p| p.name()), Some("unknown"));
     assert!(read_criterion(&tmp.path().join("missing")).is_err());
 }
+
+/// A CPU path against an MLX path (`backend=mlx+…`): the rows' backend column differs with the
+/// path, and they still meet in one table row per length with a speedup.
+#[test]
+fn a_cpu_path_and_an_mlx_path_join_per_length() {
+    let mut rows = Vec::new();
+    for (len, cpu_ms, mlx_ms) in [(64, 600.0, 1200.0), (256, 1800.0, 3600.0)] {
+        rows.push(row("aaa1111", "EPYC", len, cpu_ms, "h1"));
+        rows.push(Measurement {
+            backend: "mlx-cpu".into(),
+            path: "backend=mlx+gdn=chunked".into(),
+            ..row("aaa1111", "EPYC", len, mlx_ms, "h1")
+        });
+    }
+    let c = compare(
+        &rows,
+        &Sides {
+            baseline: Some("gdn=chunked".into()),
+            compare: Some("backend=mlx+gdn=chunked".into()),
+        },
+    )
+    .unwrap();
+    assert_eq!(c.groups.len(), 1, "{:?}", c.groups);
+    let md = tables::markdown(&c, &[]);
+    let speedups: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| qwen3_5"))
+        .map(|l| l.trim_matches('|').split('|').nth(4).unwrap().trim())
+        .collect();
+    assert_eq!(speedups, ["0.50", "0.50"], "{md}");
+}

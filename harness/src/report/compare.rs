@@ -193,7 +193,12 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
         bail!("--baseline and --compare both select {dim} `{baseline}`");
     }
 
-    let others: Vec<Dim> = Dim::ALL.into_iter().filter(|d| *d != dim).collect();
+    // The backend column follows from the path (`backend=mlx+…` rows run on MLX), so along
+    // paths it is not a key of its own: otherwise a CPU path and an MLX path never meet.
+    let others: Vec<Dim> = Dim::ALL
+        .into_iter()
+        .filter(|d| *d != dim && !(dim == Dim::Path && *d == Dim::Backend))
+        .collect();
     let keys_of = |r: &Measurement| -> BTreeMap<Dim, String> {
         others.iter().map(|d| (*d, d.value(r))).collect()
     };
