@@ -4,6 +4,9 @@
 //! ≤ 5e-4 (matmul), with no NaN and no one-sided inf.
 #![cfg(feature = "mlx")]
 
+mod common;
+use common::{mlx, values};
+
 use half::bf16;
 use kernels::ops::{self, RopeLayout};
 use kernels::{DType, Device, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
@@ -11,29 +14,8 @@ use kernels::{DType, Device, Error, QuantMode, QuantSpec, QuantWeight, Tensor, W
 const ELEMENTWISE: f64 = 1e-7;
 const MATMUL: f64 = 5e-4;
 
-/// Deterministic values in [-1, 1) (a 64-bit LCG; no dependency on a RNG crate).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 fn host(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_f32(shape, values(shape.iter().product(), seed)).unwrap()
-}
-
-fn mlx(t: &Tensor) -> Tensor {
-    let m = t.to_device(Device::Mlx).unwrap();
-    assert_eq!(m.device(), Device::Mlx);
-    m
 }
 
 fn back(t: &Tensor) -> Vec<f32> {
@@ -41,25 +23,15 @@ fn back(t: &Tensor) -> Vec<f32> {
     t.to_device(Device::Cpu).unwrap().to_vec_f32().unwrap()
 }
 
-/// Fails on NaN, on inf in one result but not the other, and on NMSE above `limit`.
+/// Fails on NaN, on inf in one result but not the other, on NMSE above `limit`, and when the
+/// op did not run on MLX.
 fn check(what: &str, reference: &Tensor, got: &Tensor, limit: f64) {
-    assert_eq!(reference.shape(), got.shape(), "{what}: shape");
-    let a = reference.to_vec_f32().unwrap();
-    let b = back(got);
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            !x.is_nan() && !y.is_nan(),
-            "{what}: NaN at {i} (cpu {x}, mlx {y})"
-        );
-        if x.is_infinite() || y.is_infinite() {
-            assert_eq!(x, y, "{what}: one-sided inf at {i}");
-            continue;
-        }
-        num += (x as f64 - y as f64).powi(2);
-        den += (x as f64).powi(2);
-    }
-    let nmse = num / den.max(f64::MIN_POSITIVE);
+    assert_eq!(
+        got.device(),
+        Device::Mlx,
+        "{what}: the op did not run on MLX"
+    );
+    let nmse = common::nmse(what, reference, got);
     assert!(nmse <= limit, "{what}: NMSE {nmse:e} > {limit:e}");
 }
 

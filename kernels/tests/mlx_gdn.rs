@@ -7,6 +7,9 @@
 //! parallel keys (large entries in `A`, where a repeated-squaring inverse breaks down).
 #![cfg(feature = "mlx")]
 
+mod common;
+use common::{host_vec, mlx, values};
+
 use kernels::ops::{self, GDN_CHUNK};
 use kernels::{Device, Tensor};
 
@@ -14,49 +17,8 @@ use kernels::{Device, Tensor};
 /// tests hold them to 1e-5, tight enough to catch a single wrong row of `(I + A)⁻¹` (≈ 3e-3).
 const GDN_LIMIT: f64 = 1e-5;
 
-/// Deterministic values in [-1, 1) (a 64-bit LCG).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn mlx(t: &Tensor) -> Tensor {
-    t.to_device(Device::Mlx).unwrap()
-}
-
-fn host_vec(t: &Tensor) -> Vec<f32> {
-    t.to_device(Device::Cpu).unwrap().to_vec_f32().unwrap()
-}
-
-/// NMSE of `got` against `reference`; panics on NaN or one-sided inf.
-fn nmse(what: &str, reference: &Tensor, got: &Tensor) -> f64 {
-    assert_eq!(reference.shape(), got.shape(), "{what}: shape");
-    let (a, b) = (host_vec(reference), host_vec(got));
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            !x.is_nan() && !y.is_nan(),
-            "{what}: NaN at {i} ({x} vs {y})"
-        );
-        if x.is_infinite() || y.is_infinite() {
-            assert_eq!(x, y, "{what}: one-sided inf at {i}");
-            continue;
-        }
-        num += (x as f64 - y as f64).powi(2);
-        den += (x as f64).powi(2);
-    }
-    num / den.max(f64::MIN_POSITIVE)
-}
-
 fn check(what: &str, reference: &Tensor, got: &Tensor) -> f64 {
-    let e = nmse(what, reference, got);
+    let e = common::nmse(what, reference, got);
     assert!(e <= GDN_LIMIT, "{what}: NMSE {e:e} > {GDN_LIMIT:e}");
     e
 }
