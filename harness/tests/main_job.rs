@@ -19,15 +19,19 @@ fn quick_main_job_passes_and_writes_a_report() {
             .unwrap_or_else(|| panic!("no {stage} in {summary}"));
         assert!(line.contains("| ok |"), "{line}");
     }
-    // Two CPU paths (plus MLX chunked in an MLX build) x two lengths x one repeat, and the
-    // report's table names both lengths.
-    let mlx = engine::Backend::Mlx.is_built();
+    // Two paths x two lengths x one repeat, and the report's table names both lengths.
     let rows = harness::sweep::read_jsonl(&out.join("sweep.jsonl")).unwrap();
-    assert_eq!(rows.len(), if mlx { 6 } else { 4 });
-    if mlx {
+    assert_eq!(rows.len(), 4);
+    // An MLX build adds a CPU-vs-MLX sweep (2 paths x 2 lengths) and its report.
+    if engine::Backend::Mlx.is_built() {
+        let rows = harness::sweep::read_jsonl(&out.join("sweep-mlx.jsonl")).unwrap();
+        assert_eq!(rows.len(), 4);
         assert!(rows.iter().any(|r| r.backend.starts_with("mlx")));
         let cmp = std::fs::read_to_string(out.join("cpu-vs-mlx/report.md")).unwrap();
-        assert!(cmp.contains("backend=mlx+gdn=chunked"), "{cmp}");
+        assert!(
+            cmp.contains("backend=mlx+gdn=chunked") && cmp.contains("| 128 |"),
+            "{cmp}"
+        );
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
