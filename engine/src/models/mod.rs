@@ -77,6 +77,23 @@ pub fn lm_logits(
     Ok(logits.to_device(kernels::Device::Cpu)?)
 }
 
+/// Moves a decoder's embedding and LM head to `device`. A tied head is the embedding's own data
+/// (a clone sharing its storage): it is uploaded once and stays shared.
+pub fn embed_and_head_to_device(
+    embed: &mut kernels::Weight,
+    lm_head: &mut kernels::Weight,
+    device: kernels::Device,
+) -> Result<()> {
+    let tied = crate::layers::linear::same_weight(embed, lm_head);
+    *embed = embed.to_device(device)?;
+    *lm_head = if tied {
+        embed.clone()
+    } else {
+        lm_head.to_device(device)?
+    };
+    Ok(())
+}
+
 /// Distinct weight formats of a set of weights, sorted, for `ModelInfo`.
 pub fn formats<'a>(weights: impl IntoIterator<Item = &'a kernels::Weight>) -> Vec<String> {
     let mut f: Vec<String> = weights.into_iter().map(|w| w.format_name()).collect();

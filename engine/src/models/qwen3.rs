@@ -174,14 +174,7 @@ impl CausalLm for Qwen3 {
     }
 
     fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        // A tied head is the embedding's own data: upload it once and share it.
-        let tied = crate::layers::linear::same_weight(&self.embed, &self.lm_head);
-        self.embed = self.embed.to_device(device)?;
-        self.lm_head = if tied {
-            self.embed.clone()
-        } else {
-            self.lm_head.to_device(device)?
-        };
+        super::embed_and_head_to_device(&mut self.embed, &mut self.lm_head, device)?;
         self.norm.to_device(device)?;
         for b in &mut self.blocks {
             b.input_norm.to_device(device)?;
