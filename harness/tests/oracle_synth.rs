@@ -13,8 +13,8 @@ fn root() -> std::path::PathBuf {
 }
 
 /// Checks the cases whose id contains `filter` on `backend` and one Gated DeltaNet path; all
-/// must pass.
-fn check_on(backend: Backend, filter: &str, gdn: Option<GdnPath>) {
+/// must pass. Returns the report for further assertions.
+fn check_on(backend: Backend, filter: &str, gdn: Option<GdnPath>) -> oracle::CheckReport {
     backend.activate().unwrap();
     let opts = Options {
         root: root(),
@@ -37,6 +37,7 @@ fn check_on(backend: Backend, filter: &str, gdn: Option<GdnPath>) {
         "oracle mismatches on {backend} (a STALE or MISSING one needs bash harness/oracle/regenerate_all.sh):\n{}",
         failures.join("\n")
     );
+    report
 }
 
 fn check(filter: &str, gdn: Option<GdnPath>) {
@@ -69,21 +70,13 @@ mod on_mlx {
     #[cfg(not(target_os = "macos"))]
     #[test]
     fn dense_qwen3_is_bit_identical_to_mlx_lm_on_mlx() {
-        Backend::Mlx.activate().unwrap();
         for filter in [
             "mlx-written/qwen3-f32/",
             "mlx-written/qwen3-bf16/",
             "synth/qwen3:tiny:f32",
             "synth/qwen3:tiny:bf16",
         ] {
-            let opts = Options {
-                root: root(),
-                filter: Some(filter.to_string()),
-                backend: Backend::Mlx,
-                ..Options::default()
-            };
-            let report = oracle::check(&opts, |_| {});
-            assert!(!report.results.is_empty(), "no case matches {filter}");
+            let report = check_on(Backend::Mlx, filter, None);
             for r in &report.results {
                 match &r.outcome {
                     Outcome::Compared(v) => assert!(

@@ -9,7 +9,7 @@
 use mlx_rs::fast::{
     MetalKernel, MetalKernelApplyOptions, MetalKernelOptions, MetalKernelOutput, TemplateArg,
 };
-use mlx_rs::{Array, Device, DeviceType, Dtype};
+use mlx_rs::{Array, Dtype};
 
 use super::ops::f32_array;
 use super::{mlx_err, mlx_shape, tensor_of};
@@ -18,10 +18,10 @@ use crate::Tensor;
 
 /// Whether MLX's default device is the GPU, where the kernels here can run.
 pub fn on_gpu() -> bool {
-    Device::try_default()
-        .and_then(|d| d.get_type())
-        .map(|t| matches!(t, DeviceType::Gpu))
-        .unwrap_or(false)
+    matches!(
+        super::device::default_device(),
+        Ok(super::device::MlxDevice::Gpu)
+    )
 }
 
 /// State rows (of `Dv`) per threadgroup: one 32-lane SIMD group per row.
