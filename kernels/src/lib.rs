@@ -2,6 +2,8 @@
 //! device. Models call `ops::*`; backends never know what a model is.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dtype;
 mod error;
 #[cfg(feature = "mlx")]

@@ -45,6 +45,10 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     if on_mlx(&[x]) || w.device() == crate::Device::Mlx {
         return crate::mlx::ops::matmul(x, w);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) || w.device() == crate::Device::Cuda {
+        return crate::cuda::matmul(x, w);
+    }
     cpu::matmul::matmul(x, w)
 }
 
@@ -62,6 +66,10 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     #[cfg(feature = "mlx")]
     if w.device() == crate::Device::Mlx {
         return crate::mlx::more::embedding(w, ids);
+    }
+    #[cfg(feature = "cuda")]
+    if w.device() == crate::Device::Cuda {
+        return crate::cuda::embedding(w, ids);
     }
     cpu::matmul::embedding(w, ids)
 }
@@ -92,6 +100,10 @@ pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
     if on_mlx(&[x]) {
         return crate::mlx::ops::rms_norm(x, w, eps);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::rms_norm(x, w, eps);
+    }
     cpu::norm::rms_norm(x, w, eps)
 }
 
@@ -117,6 +129,10 @@ pub fn rope(
     #[cfg(feature = "mlx")]
     if on_mlx(&[x]) {
         return crate::mlx::ops::rope(x, positions, inv_freq, layout);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::rope(x, positions, inv_freq, layout);
     }
     cpu::rope::rope(x, positions, inv_freq, layout)
 }
@@ -182,6 +198,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
     if on_mlx(&[q, k, v]) {
         return crate::mlx::more::attention(q, k, v, p);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[q, k, v]) {
+        return crate::cuda::attention(q, k, v, p);
+    }
     cpu::attention::attention(q, k, v, p)
 }
 
@@ -206,6 +226,10 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     if on_mlx(&[cache, new]) {
         return crate::mlx::more::kv_write(cache, new, pos);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[cache, new]) {
+        return crate::cuda::kv_write(cache, new, pos);
+    }
     cpu::attention::kv_write(cache, new, pos)
 }
 
@@ -215,6 +239,10 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "mlx")]
     if on_mlx(&[x]) {
         return crate::mlx::ops::softmax(x);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::softmax(x);
     }
     cpu::unary::softmax(x)
 }
@@ -227,6 +255,10 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     if on_mlx(&[x]) {
         return crate::mlx::more::log_softmax(x);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::log_softmax(x);
+    }
     cpu::unary::log_softmax(x)
 }
 
@@ -234,6 +266,10 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "mlx")]
     if on_mlx(&[x]) {
         return crate::mlx::ops::silu(x);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::unary(x, crate::cuda::Unary::Silu);
     }
     cpu::unary::map(x, cpu::unary::silu)
 }
@@ -244,6 +280,10 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     if on_mlx(&[x]) {
         return crate::mlx::more::unary(x, crate::mlx::more::Unary::GeluTanh);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::unary(x, crate::cuda::Unary::GeluTanh);
+    }
     cpu::unary::map(x, cpu::unary::gelu_tanh)
 }
 
@@ -251,6 +291,10 @@ pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "mlx")]
     if on_mlx(&[x]) {
         return crate::mlx::more::unary(x, crate::mlx::more::Unary::Sigmoid);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::unary(x, crate::cuda::Unary::Sigmoid);
     }
     cpu::unary::map(x, cpu::unary::sigmoid)
 }
@@ -260,6 +304,10 @@ pub fn softplus(x: &Tensor) -> Result<Tensor> {
     if on_mlx(&[x]) {
         return crate::mlx::more::unary(x, crate::mlx::more::Unary::Softplus);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::unary(x, crate::cuda::Unary::Softplus);
+    }
     cpu::unary::map(x, cpu::unary::softplus)
 }
 
@@ -268,6 +316,10 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     #[cfg(feature = "mlx")]
     if on_mlx(&[x]) {
         return crate::mlx::more::unary(x, crate::mlx::more::Unary::Scale(s));
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::scale(x, s);
     }
     cpu::unary::map(x, move |v| v * s)
 }
@@ -279,6 +331,10 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         need_suffix("add", a, b)?;
         return crate::mlx::ops::add(a, b);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[a, b]) {
+        return crate::cuda::add(a, b);
+    }
     cpu::binary::binary("add", a, b, |x, y| x + y)
 }
 
@@ -288,6 +344,10 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if on_mlx(&[a, b]) {
         need_suffix("mul", a, b)?;
         return crate::mlx::ops::mul(a, b);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[a, b]) {
+        return crate::cuda::mul(a, b);
     }
     cpu::binary::binary("mul", a, b, |x, y| x * y)
 }
@@ -305,6 +365,10 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if on_mlx(&[gate, up]) {
         return crate::mlx::more::swiglu(gate, up);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[gate, up]) {
+        return crate::cuda::swiglu(gate, up);
+    }
     cpu::binary::binary("swiglu", gate, up, |g, u| cpu::unary::silu(g) * u)
 }
 
@@ -316,6 +380,10 @@ pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     if on_mlx(&[x]) {
         return crate::mlx::more::argmax(x);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::argmax(x);
+    }
     cpu::select::argmax(x)
 }
 
@@ -326,13 +394,36 @@ pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
     if on_mlx(&[x]) {
         return crate::mlx::more::top_k(x, k);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::top_k(x, k);
+    }
     cpu::select::top_k(x, k)
+}
+
+/// Whether every element of an f32 tensor is finite. On a GPU the check runs there and only
+/// the verdict comes back (the chunked Gated DeltaNet's fallback test, once per layer).
+pub fn all_finite(x: &Tensor) -> Result<bool> {
+    need_f32("all_finite", "x", x)?;
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::all_finite(x);
+    }
+    let host = x.to_device(crate::Device::Cpu)?;
+    Ok(host.f32s()?.iter().all(|v| v.is_finite()))
 }
 
 /// Whether an op runs on MLX: any input on MLX moves the op there (host inputs are copied in).
 #[cfg(feature = "mlx")]
 fn on_mlx(inputs: &[&Tensor]) -> bool {
     inputs.iter().any(|t| t.device() == crate::Device::Mlx)
+}
+
+/// Whether an op runs on CUDA: any input on the GPU moves the op there (host inputs, such as a
+/// fresh cache or state, are copied in and stay there).
+#[cfg(feature = "cuda")]
+fn on_cuda(inputs: &[&Tensor]) -> bool {
+    inputs.iter().any(|t| t.device() == crate::Device::Cuda)
 }
 
 /// The broadcast rule of `add`/`mul`: `b`'s shape is a suffix of `a`'s.
@@ -384,6 +475,10 @@ pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> 
     if on_mlx(&[a, a_log, dt_bias]) {
         return crate::mlx::more::gdn_gate(a, a_log, dt_bias);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[a, a_log, dt_bias]) {
+        return crate::cuda::gdn_gate(a, a_log, dt_bias);
+    }
     cpu::gdn::gate(a, a_log, dt_bias)
 }
 
@@ -409,6 +504,10 @@ pub fn gdn_recurrent(
         }
         return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
     }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[q, k, v, g_log, beta, state]) {
+        return crate::cuda::gdn_recurrent(q, k, v, g_log, beta, state);
+    }
     cpu::gdn::recurrent(q, k, v, g_log, beta, state)
 }
 
@@ -431,6 +530,10 @@ pub fn gdn_chunked(
     #[cfg(feature = "mlx")]
     if on_mlx(&[q, k, v, g_log, beta, state]) {
         return crate::mlx::gdn::gdn_chunked(q, k, v, g_log, beta, state, chunk);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[q, k, v, g_log, beta, state]) {
+        return crate::cuda::gdn_chunked(q, k, v, g_log, beta, state, chunk);
     }
     cpu::gdn::chunked(q, k, v, g_log, beta, state, chunk)
 }
@@ -466,6 +569,10 @@ pub fn causal_conv1d(
     #[cfg(feature = "mlx")]
     if on_mlx(&[x, weight, state]) {
         return crate::mlx::more::causal_conv1d(x, weight, state, silu);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x, weight, state]) {
+        return crate::cuda::causal_conv1d(x, weight, state, silu);
     }
     cpu::gdn::causal_conv1d(x, weight, state, silu)
 }

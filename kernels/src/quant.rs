@@ -229,12 +229,17 @@ impl Weight {
     /// The same weight with every tensor on `device` (packed codes, scales, biases), so a model
     /// moves its weights once at load instead of copying them into each op call. On MLX, dense
     /// weights and affine scales/biases become f32 (an exact widening, as the CPU kernels do
-    /// per tile), so the forward casts nothing.
+    /// per tile), so the forward casts nothing; on CUDA only affine scales/biases are widened.
     pub fn to_device(&self, device: crate::Device) -> Result<Weight> {
         #[cfg(feature = "mlx")]
         if device == crate::Device::Mlx {
             // MLX keeps weights in the dtypes its kernels take, widened once here.
             return crate::mlx::ops::resident_weight(self);
+        }
+        #[cfg(feature = "cuda")]
+        if device == crate::Device::Cuda {
+            // The CUDA kernels take packed codes as stored and affine scales widened once.
+            return crate::cuda::resident_weight(self);
         }
         Ok(match self {
             Weight::Dense(t) => Weight::Dense(t.to_device(device)?),

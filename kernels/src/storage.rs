@@ -103,6 +103,9 @@ pub enum Storage {
     /// An MLX array (feature `mlx`), lazily evaluated on MLX's default device.
     #[cfg(feature = "mlx")]
     Mlx(Arc<crate::mlx::MlxArray>),
+    /// Device memory of the CUDA GPU (feature `cuda`), shared by the tensors viewing it.
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<crate::cuda::CudaBuf>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,6 +114,9 @@ pub enum Device {
     /// MLX's default device: the GPU (Metal) on a Mac, the CPU elsewhere.
     #[cfg(feature = "mlx")]
     Mlx,
+    /// The CUDA GPU (the first one `CUDA_VISIBLE_DEVICES` shows).
+    #[cfg(feature = "cuda")]
+    Cuda,
 }
 
 impl Storage {
@@ -119,6 +125,8 @@ impl Storage {
             Storage::CpuF32(_) | Storage::CpuBytes(_) => Device::Cpu,
             #[cfg(feature = "mlx")]
             Storage::Mlx(_) => Device::Mlx,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Device::Cuda,
         }
     }
 }

@@ -135,13 +135,13 @@ impl Tensor {
     }
 
     /// Offset of the first element in the storage, in elements.
-    #[cfg_attr(not(feature = "mlx"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mlx", feature = "cuda")), allow(dead_code))]
     pub(crate) fn offset(&self) -> usize {
         self.offset
     }
 
     /// A tensor over a whole backend buffer (the shape must match the buffer).
-    #[cfg_attr(not(feature = "mlx"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mlx", feature = "cuda")), allow(dead_code))]
     pub(crate) fn from_storage(shape: Vec<usize>, dtype: DType, storage: Storage) -> Tensor {
         Tensor {
             shape,
@@ -152,10 +152,16 @@ impl Tensor {
     }
 
     /// The same values on `device`: a copy for host <-> MLX (evaluating MLX's lazy graph
-    /// when leaving it), the tensor itself when it is already there.
+    /// when leaving it) and host <-> CUDA, the tensor itself when it is already there.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if self.device() == device {
             return Ok(self.clone());
+        }
+        #[cfg(feature = "cuda")]
+        match (device, self.device()) {
+            (Device::Cuda, _) => return crate::cuda::upload(self),
+            (Device::Cpu, Device::Cuda) => return crate::cuda::download(self),
+            _ => {}
         }
         match device {
             #[cfg(feature = "mlx")]
@@ -164,6 +170,8 @@ impl Tensor {
             Device::Cpu => crate::mlx::download(self),
             #[cfg(not(feature = "mlx"))]
             Device::Cpu => Ok(self.clone()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda => unreachable!("handled above"),
         }
     }
 
@@ -178,6 +186,11 @@ impl Tensor {
             Storage::Mlx(_) => crate::error::invalid(
                 "raw_bytes",
                 "the tensor lives on MLX; copy it to the host with to_device(Device::Cpu) first",
+            ),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => crate::error::invalid(
+                "raw_bytes",
+                "the tensor lives on the GPU; copy it to the host with to_device(Device::Cpu) first",
             ),
         }
     }
@@ -228,6 +241,8 @@ impl Tensor {
             Storage::CpuBytes(_) => false,
             #[cfg(feature = "mlx")]
             Storage::Mlx(_) => false,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => false,
         };
         if !whole {
             let copy = self.f32s()?.to_vec();
@@ -326,7 +341,12 @@ impl Tensor {
         if self.device() == Device::Mlx {
             return crate::mlx::narrow(self, dim, start, len);
         }
-        if dim == 0 || self.shape[..dim].iter().all(|&d| d == 1) {
+        let contiguous = dim == 0 || self.shape[..dim].iter().all(|&d| d == 1);
+        #[cfg(feature = "cuda")]
+        if self.device() == Device::Cuda && !contiguous {
+            return crate::cuda::narrow(self, dim, start, len);
+        }
+        if contiguous {
             let lead = self.shape[..dim].iter().product::<usize>();
             let flat = self.reshape(&[lead * self.shape[dim], numel(&self.shape[dim + 1..])])?;
             let mut out = flat.narrow0(start, len)?;

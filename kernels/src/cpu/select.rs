@@ -26,12 +26,25 @@ pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
 
 /// Descending by value with NaN below everything (even `-inf`), then ascending by index.
 fn rank(v: &[f32], a: u32, b: u32) -> Ordering {
-    let (x, y) = (v[a as usize], v[b as usize]);
+    rank_pair((a, v[a as usize]), (b, v[b as usize]))
+}
+
+/// [`rank`] on `(index, value)` pairs.
+fn rank_pair((a, x): (u32, f32), (b, y): (u32, f32)) -> Ordering {
     let by_value = match (x.is_nan(), y.is_nan()) {
         (false, false) => y.partial_cmp(&x).unwrap_or(Ordering::Equal),
         (nx, ny) => nx.cmp(&ny),
     };
     by_value.then(a.cmp(&b))
+}
+
+/// The best `k` of some `(index, value)` candidates under [`top_k`]'s ranking, best first (a
+/// device's per-block winners are merged with it).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn best_of(mut cands: Vec<(u32, f32)>, k: usize) -> Vec<(u32, f32)> {
+    cands.sort_unstable_by(|a, b| rank_pair(*a, *b));
+    cands.truncate(k);
+    cands
 }
 
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {

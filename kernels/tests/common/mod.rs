@@ -1,4 +1,4 @@
-//! Helpers shared by the MLX test files: deterministic inputs, moving tensors between devices,
+//! Helpers shared by the MLX and CUDA test files: deterministic inputs, moving tensors between devices,
 //! and the NMSE that conformance limits are stated in.
 #![allow(dead_code)] // each test file uses its own subset
 
@@ -19,6 +19,7 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+#[cfg(feature = "mlx")]
 pub fn mlx(t: &Tensor) -> Tensor {
     t.to_device(Device::Mlx).unwrap()
 }

@@ -1,0 +1,153 @@
+//! Elementwise ops, layout copies and the finiteness check on CUDA (`elementwise.cu`).
+
+use super::context::gpu;
+use super::launch::{elements, int};
+use super::sources::ELEMENTWISE;
+use super::{empty, f32_on_device, make_mut, on_device, ptr, read_back, zeros};
+use crate::error::{shape_err, Result};
+use crate::{DType, Tensor};
+
+/// The unary kernel's ops, numbered as `elementwise.cu`'s `UNARY_*`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Unary {
+    Silu,
+    GeluTanh,
+    Sigmoid,
+    Softplus,
+    Scale(f32),
+}
+
+pub(crate) fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
+    let x = f32_on_device("unary", x)?;
+    let out = empty(x.shape(), DType::F32)?;
+    let (code, s) = match op {
+        Unary::Silu => (0i32, 0.0f32),
+        Unary::GeluTanh => (1, 0.0),
+        Unary::Sigmoid => (2, 0.0),
+        Unary::Softplus => (3, 0.0),
+        Unary::Scale(s) => (4, s),
+    };
+    let n = x.numel() as i64;
+    if n > 0 {
+        let (xp, op_) = (ptr(&x)?, ptr(&out)?);
+        gpu()?.launch(
+            &ELEMENTWISE,
+            "unary",
+            elements("unary", x.numel())?,
+            &[&xp, &op_, &n, &code, &s],
+        )?;
+    }
+    Ok(out)
+}
+
+pub(crate) fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    unary(x, Unary::Scale(s))
+}
+
+/// `f(a, b)` with `b`'s shape a suffix of `a`'s (broadcast over the leading dims).
+fn binary(op: &'static str, code: i32, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if !a.shape().ends_with(b.shape()) {
+        return shape_err(
+            op,
+            format!("cannot broadcast {:?} onto {:?}", b.shape(), a.shape()),
+        );
+    }
+    let (a, b) = (f32_on_device(op, a)?, f32_on_device(op, b)?);
+    let out = empty(a.shape(), DType::F32)?;
+    let (n, nb) = (a.numel() as i64, b.numel() as i64);
+    if n > 0 {
+        let (ap, bp, op_) = (ptr(&a)?, ptr(&b)?, ptr(&out)?);
+        gpu()?.launch(
+            &ELEMENTWISE,
+            "binary",
+            elements(op, a.numel())?,
+            &[&ap, &bp, &op_, &n, &nb, &code],
+        )?;
+    }
+    Ok(out)
+}
+
+pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary("add", 0, a, b)
+}
+
+pub(crate) fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary("mul", 1, a, b)
+}
+
+/// `silu(gate)·up` (same shapes, checked by `ops`).
+pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    binary("swiglu", 2, gate, up)
+}
+
+/// `start..start+len` along `dim` (not a leading run of ones: those are views) into a new
+/// buffer.
+pub(crate) fn narrow(x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+    let shape = x.shape();
+    let outer = shape[..dim].iter().product::<usize>() as i64;
+    let inner = shape[dim + 1..].iter().product::<usize>() as i64;
+    let mut out_shape = shape.to_vec();
+    out_shape[dim] = len;
+    if x.dtype() != DType::F32 {
+        return Err(crate::Error::DType {
+            op: "narrow",
+            dtype: x.dtype(),
+            msg: "GPU tensors are narrowed along inner dimensions only as f32".into(),
+        });
+    }
+    let out = empty(&out_shape, DType::F32)?;
+    if out.numel() > 0 {
+        let (d, s, l) = (shape[dim] as i64, start as i64, len as i64);
+        let (xp, op_) = (ptr(x)?, ptr(&out)?);
+        gpu()?.launch(
+            &ELEMENTWISE,
+            "narrow_copy",
+            elements("narrow", out.numel())?,
+            &[&xp, &op_, &outer, &d, &s, &l, &inner],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Writes `new` `[T, Hk, D]` into `cache` `[Hk, Cap, D]` at `pos..` (shapes checked by `ops`);
+/// a host cache moves to the device first.
+pub(crate) fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
+    let new = f32_on_device("kv_write", new)?;
+    let dst = make_mut(cache)?;
+    if new.numel() == 0 {
+        return Ok(());
+    }
+    let (t, hk, d) = (new.dim(0), new.dim(1), new.dim(2));
+    let op = "kv_write";
+    let args = (
+        int(op, "tokens", t)?,
+        int(op, "kv heads", hk)?,
+        int(op, "head dim", d)?,
+        int(op, "capacity", cache.dim(1))?,
+        int(op, "position", pos)?,
+    );
+    let src = ptr(&new)?;
+    gpu()?.launch(
+        &ELEMENTWISE,
+        "kv_write",
+        elements(op, new.numel())?,
+        &[&dst, &src, &args.0, &args.1, &args.2, &args.3, &args.4],
+    )
+}
+
+/// Whether every element is finite, reduced on the device (one flag comes back).
+pub(crate) fn all_finite(x: &Tensor) -> Result<bool> {
+    let x = on_device(x)?;
+    if x.numel() == 0 {
+        return Ok(true);
+    }
+    let flag = zeros(&[1], DType::U32)?;
+    let (xp, fp, n) = (ptr(&x)?, ptr(&flag)?, x.numel() as i64);
+    gpu()?.launch(
+        &ELEMENTWISE,
+        "any_nonfinite",
+        elements("all_finite", x.numel())?,
+        &[&xp, &n, &fp],
+    )?;
+    Ok(read_back::<u32>(&flag)?[0] == 0)
+}
