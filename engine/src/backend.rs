@@ -1,7 +1,8 @@
 //! The compute backends a model can run on, and what each needs from the build. The CPU
 //! backend is always built; MLX needs the `mlx` cargo feature, Metal the `metal` feature (on a
-//! Mac). Tools name backends with [`Backend`], so an unavailable one fails with the rebuild
-//! command instead of running somewhere else.
+//! Mac), CUDA the `cuda` feature (and, at run time, an NVIDIA GPU). Tools name backends with
+//! [`Backend`], so an unavailable one fails with the rebuild command or the missing piece
+//! instead of running somewhere else.
 
 use std::fmt;
 use std::path::Path;
@@ -20,16 +21,19 @@ pub enum Backend {
     Mlx,
     /// MLX on the Metal GPU, with the Metal-only kernels (macOS, `--features metal`).
     Metal,
+    /// The native CUDA backend on an NVIDIA GPU (`--features cuda`).
+    Cuda,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Cpu, Backend::Mlx, Backend::Metal];
+    pub const ALL: [Backend; 4] = [Backend::Cpu, Backend::Mlx, Backend::Metal, Backend::Cuda];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
             Backend::Mlx => "mlx",
             Backend::Metal => "metal",
+            Backend::Cuda => "cuda",
         }
     }
 
@@ -39,6 +43,7 @@ impl Backend {
             Backend::Cpu => true,
             Backend::Mlx => cfg!(feature = "mlx"),
             Backend::Metal => cfg!(feature = "metal"),
+            Backend::Cuda => cfg!(feature = "cuda"),
         }
     }
 
@@ -50,6 +55,10 @@ impl Backend {
                 "backend metal: this build has no Metal; on a Mac rebuild with \
                  `--features metal` (see README, \"The MLX backend\")"
             ),
+            Backend::Cuda => bail!(
+                "backend cuda: this build has no CUDA; rebuild with `--features cuda` \
+                 (see README, \"The CUDA backend\")"
+            ),
             _ => bail!(
                 "backend {self}: this build has no MLX; rebuild with `--features mlx` \
                  (see README, \"The MLX backend\")"
@@ -58,9 +67,14 @@ impl Backend {
     }
 
     /// Makes the process ready to run on this backend: Metal pins MLX to the GPU; MLX keeps
-    /// MLX's own default device. Call before loading a model onto the backend.
+    /// MLX's own default device; CUDA finds the driver, the GPU, NVRTC and cuBLAS (an error
+    /// says which is missing). Call before loading a model onto the backend.
     pub fn activate(self) -> Result<()> {
         self.require()?;
+        #[cfg(feature = "cuda")]
+        if self == Backend::Cuda {
+            kernels::cuda::probe().map_err(|e| anyhow::anyhow!("backend cuda: {e}"))?;
+        }
         #[cfg(feature = "metal")]
         if self == Backend::Metal {
             use kernels::mlx::device::{set_default_device, MlxDevice};
@@ -69,12 +83,22 @@ impl Backend {
         Ok(())
     }
 
-    /// Where results of this backend come from, for golden folders and reports: `cpu`, and for
-    /// MLX its device (`mlx-cpu`, `mlx-gpu`), since MLX's CPU and GPU round differently.
+    /// Where results of this backend come from, for golden folders and reports: `cpu`, for
+    /// MLX its device (`mlx-cpu`, `mlx-gpu`), since MLX's CPU and GPU round differently, and for
+    /// CUDA the GPU model (`cuda-h200`, `cuda-gb10`): kernels and cuBLAS round per architecture.
     pub fn device_key(self) -> String {
         match self {
             Backend::Cpu => "cpu".into(),
             Backend::Metal => "metal".into(),
+            Backend::Cuda => {
+                #[cfg(feature = "cuda")]
+                if let Ok(()) = self.activate() {
+                    if let Some(name) = kernels::cuda::device_name() {
+                        return cuda_key(&name);
+                    }
+                }
+                "cuda".into()
+            }
             Backend::Mlx => {
                 #[cfg(feature = "mlx")]
                 if let Ok(d) = kernels::mlx::device::default_device() {
@@ -93,8 +117,28 @@ impl Backend {
             Backend::Mlx | Backend::Metal => kernels::Device::Mlx,
             #[cfg(not(feature = "mlx"))]
             Backend::Mlx | Backend::Metal => kernels::Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => kernels::Device::Cuda,
+            #[cfg(not(feature = "cuda"))]
+            Backend::Cuda => kernels::Device::Cpu,
         }
     }
+}
+
+/// The golden-folder key of a CUDA GPU: `cuda-` and its name without the vendor, lowercased,
+/// runs of other characters as one `-` (`NVIDIA H100 80GB HBM3` → `cuda-h100-80gb-hbm3`).
+pub fn cuda_key(device_name: &str) -> String {
+    let name = device_name.trim();
+    let name = name.strip_prefix("NVIDIA").unwrap_or(name);
+    let mut key = String::from("cuda");
+    for part in name
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|p| !p.is_empty())
+    {
+        key.push('-');
+        key.push_str(&part.to_ascii_lowercase());
+    }
+    key
 }
 
 impl fmt::Display for Backend {
@@ -109,7 +153,9 @@ impl FromStr for Backend {
         Backend::ALL
             .into_iter()
             .find(|b| b.name() == s)
-            .with_context(|| format!("unknown backend `{s}`; expected one of: cpu, mlx, metal"))
+            .with_context(|| {
+                format!("unknown backend `{s}`; expected one of: cpu, mlx, metal, cuda")
+            })
     }
 }
 
@@ -125,5 +171,27 @@ impl Pipeline {
                 .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;
         }
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_golden_keys_name_the_gpu_model() {
+        assert_eq!(cuda_key("NVIDIA H200"), "cuda-h200");
+        assert_eq!(cuda_key("NVIDIA GB10"), "cuda-gb10");
+        assert_eq!(cuda_key("NVIDIA H100 80GB HBM3"), "cuda-h100-80gb-hbm3");
+        assert_eq!(cuda_key("Tesla T4"), "cuda-tesla-t4");
+    }
+
+    #[test]
+    fn every_backend_parses_by_name() {
+        for b in Backend::ALL {
+            assert_eq!(b.name().parse::<Backend>().unwrap(), b);
+        }
+        let e = "tpu".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("cuda"), "{e}");
     }
 }

@@ -76,10 +76,11 @@ struct GenerateArgs {
     /// Seed of the sampler (same seed, same tokens).
     #[arg(long)]
     seed: Option<u64>,
-    /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac,
-    /// the CPU elsewhere; build with `--features mlx`); `metal`, MLX on the Metal GPU with the
-    /// Metal kernels (macOS, `--features metal`).
-    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
+    /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac or
+    /// with MLX's CUDA wheel, the CPU elsewhere; build with `--features mlx`); `metal`, MLX on
+    /// the Metal GPU with the Metal kernels (macOS, `--features metal`); `cuda`, the native
+    /// CUDA backend on an NVIDIA GPU (build with `--features cuda`).
+    #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
     backend: Backend,
     /// Also report the K best [token_id, logprob] pairs of every generated step.
     #[arg(long, default_value_t = 0)]

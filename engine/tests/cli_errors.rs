@@ -171,3 +171,31 @@ fn bad_prompts() {
         &["top-p"],
     );
 }
+
+/// `--backend cuda` where it cannot run exits non-zero with a message that says why: a build
+/// without the feature names the rebuild command; a build with it on a machine without a usable
+/// GPU (here, CI) names what is missing (the driver, a device, NVRTC or cuBLAS). Never a panic.
+#[test]
+fn backend_cuda_without_a_gpu_is_a_clear_error() {
+    let dir = fixture();
+    let args = [
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--backend",
+        "cuda",
+    ];
+    #[cfg(feature = "cuda")]
+    {
+        match kernels::cuda::probe() {
+            Ok(gpu) => eprintln!("a usable GPU is here ({gpu}): nothing to check"),
+            Err(why) => expect_error(&args, &["backend cuda", &why]),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    expect_error(&args, &["backend cuda", "--features cuda"]);
+}

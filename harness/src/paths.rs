@@ -16,7 +16,7 @@ use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
 pub const VALID_PATHS: &str =
-    "default, backend=cpu|mlx|metal, gdn=auto|perstep|chunked (combine keys with `+`)";
+    "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked (combine keys with `+`)";
 
 /// One execution path. Unset keys take the engine's built-in default (never the environment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     bail!("path `{s}` sets `backend` twice");
                 }
                 let b = Backend::from_str(value.trim()).map_err(|_| {
-                    anyhow::anyhow!("unknown value `{value}` for path key `backend` in `{s}`; expected one of: cpu, mlx, metal")
+                    anyhow::anyhow!("unknown value `{value}` for path key `backend` in `{s}`; expected one of: cpu, mlx, metal, cuda")
                 })?;
                 spec.backend = Some(b);
             }
@@ -66,7 +66,7 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
     Ok(spec)
 }
 
-/// Parses a backend name for clap (`cpu`, `mlx`, `metal`).
+/// Parses a backend name for clap (`cpu`, `mlx`, `metal`, `cuda`).
 pub fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }

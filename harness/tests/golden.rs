@@ -19,6 +19,28 @@ fn mlx_goldens_match() {
     goldens_match(Backend::Mlx);
 }
 
+/// CUDA: `goldens/cuda-<gpu model>` (e.g. `cuda-h200`), blessed on that GPU model by
+/// `ci/gpu-check.sh` the first time it runs there. Without a GPU, or before that GPU's goldens
+/// exist, the test says so and passes.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_goldens_match() {
+    if let Err(why) = kernels::cuda::probe() {
+        eprintln!("SKIPPED: CUDA goldens: {why}");
+        return;
+    }
+    let opts = Options::for_backend(Backend::Cuda);
+    if !opts.dir.exists() {
+        eprintln!(
+            "SKIPPED: no CUDA goldens for this GPU yet ({}): bless them with `cargo run \
+             --release -p harness --features cuda -- golden bless --backend cuda` and commit",
+            opts.dir.display()
+        );
+        return;
+    }
+    goldens_match(Backend::Cuda);
+}
+
 fn goldens_match(backend: Backend) {
     backend.activate().unwrap();
     let opts = Options::for_backend(backend);

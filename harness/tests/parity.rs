@@ -93,11 +93,11 @@ fn perstep_and_chunked_gdn_do_not_diverge_early() {
     );
 }
 
-/// The CPU backend against the MLX backend (MLX's CPU device here), per synthetic family and
-/// format: no early divergence, last-position logits within the design's NMSE for the family
-/// (5e-4), and the MLX side really ran on MLX (its logits differ in rounding somewhere).
-#[cfg(feature = "mlx")]
-mod cpu_vs_mlx {
+/// The CPU backend against another backend, per synthetic family and format: no early
+/// divergence, last-position logits within the design's NMSE for the family (5e-4), and the
+/// other side really ran there (its logits differ in rounding somewhere).
+#[cfg(any(feature = "mlx", feature = "cuda"))]
+mod cpu_vs_backend {
     use super::*;
     use engine::Backend;
 
@@ -134,6 +134,13 @@ mod cpu_vs_mlx {
             "{spec}: CPU and {backend} bit-identical everywhere: did that side run on {backend}?"
         );
     }
+}
+
+/// The CPU backend against the MLX backend (MLX's CPU device here).
+#[cfg(feature = "mlx")]
+mod cpu_vs_mlx {
+    use super::cpu_vs_backend::cpu_vs;
+    use engine::Backend;
 
     fn cpu_vs_mlx(spec: &str, gdn: &str) {
         cpu_vs(Backend::Mlx, spec, gdn)
@@ -167,7 +174,7 @@ mod cpu_vs_mlx {
 /// The same on the Metal GPU (macOS only; the macOS CI job runs it).
 #[cfg(feature = "metal")]
 mod cpu_vs_metal {
-    use super::cpu_vs_mlx::cpu_vs;
+    use super::cpu_vs_backend::cpu_vs;
     use engine::Backend;
 
     #[test]
@@ -176,6 +183,52 @@ mod cpu_vs_metal {
             cpu_vs(Backend::Metal, &format!("qwen3:tiny:{f}"), "gdn=auto");
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
+            }
+        }
+    }
+}
+
+/// The same on the native CUDA backend: every weight format of tiny Qwen3, and tiny Qwen3.5 on
+/// both GDN paths. Without a usable GPU it says why and passes (`ci/gpu-check.sh` sets
+/// `CUDA_CONFORMANCE_REQUIRED=1`, which makes that a failure).
+#[cfg(feature = "cuda")]
+mod cpu_vs_cuda {
+    use super::cpu_vs_backend::cpu_vs;
+    use engine::Backend;
+
+    fn gpu_here() -> bool {
+        match kernels::cuda::probe() {
+            Ok(_) => true,
+            Err(why) => {
+                assert!(
+                    std::env::var("CUDA_CONFORMANCE_REQUIRED").as_deref() != Ok("1"),
+                    "no GPU: {why}"
+                );
+                eprintln!("SKIPPED: CPU vs CUDA parity: {why}");
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn qwen3_and_qwen3_5_cpu_and_cuda_agree() {
+        if !gpu_here() {
+            return;
+        }
+        for f in [
+            "f32:hf",
+            "bf16:hf",
+            "q4:mlx",
+            "q8:mlx",
+            "mxfp4:mlx",
+            "nvfp4:mlx",
+            "mxfp8:mlx",
+        ] {
+            cpu_vs(Backend::Cuda, &format!("qwen3:tiny:{f}"), "gdn=auto");
+        }
+        for f in ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"] {
+            for gdn in ["gdn=perstep", "gdn=chunked"] {
+                cpu_vs(Backend::Cuda, &format!("qwen3_5:tiny:{f}"), gdn);
             }
         }
     }

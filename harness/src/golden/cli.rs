@@ -20,6 +20,7 @@ use crate::paths::parse_backend;
 ///   harness golden check --filter qwen3_5:tiny:q4
 ///   harness golden bless --filter gdn=chunked
 ///   harness golden check --backend mlx        (a build with --features mlx; goldens/mlx-cpu)
+///   harness golden check --backend cuda       (--features cuda on an NVIDIA GPU; goldens/cuda-<gpu>)
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct GoldenArgs {
@@ -43,8 +44,9 @@ pub struct Common {
     pub filter: Option<String>,
 
     /// The backend to run on: cpu, mlx (MLX's default device; goldens/mlx-cpu here,
-    /// goldens/mlx-gpu on a Mac) or metal. mlx and metal need a build with that feature.
-    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
+    /// goldens/mlx-gpu on a Mac), metal, or cuda (goldens/cuda-<gpu model>, e.g. cuda-h200).
+    /// All but cpu need a build with that feature.
+    #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
     pub backend: Backend,
 
     /// The golden folder [default: goldens/<backend> in the workspace].
@@ -74,6 +76,7 @@ fn bless_command(c: &Common, filter: Option<&str>) -> String {
         Backend::Cpu => {}
         Backend::Mlx => s.push_str(" --features mlx"),
         Backend::Metal => s.push_str(" --features metal"),
+        Backend::Cuda => s.push_str(" --features cuda"),
     }
     s.push_str(" -- golden bless");
     if c.backend != Backend::Cpu {

@@ -53,9 +53,9 @@ pub struct CheckArgs {
     #[arg(long, value_name = "PATTERN")]
     pub filter: Option<String>,
 
-    /// The backend the engine runs on: cpu, mlx or metal (mlx and metal need a build with that
-    /// feature).
-    #[arg(long, value_name = "cpu|mlx|metal", default_value = "cpu", value_parser = parse_backend)]
+    /// The backend the engine runs on: cpu, mlx, metal or cuda (all but cpu need a build with
+    /// that feature).
+    #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
     pub backend: Backend,
 
     /// Gated DeltaNet path for every case [default: both perstep and chunked].

@@ -17,13 +17,14 @@ use crate::paths::{parse_path, PathSpec};
 /// differs and early means k < 16; beside it, the NMSE Σ(a−b)²/Σa² of the prefill's
 /// last-position logits. Exits non-zero when any prompt diverges early.
 ///
-/// Paths: `default`, or KEY=VALUE joined by `+`; keys: backend=cpu|mlx|metal (the model is
-/// loaded once per backend; mlx and metal need a build with `--features mlx` / `metal`),
+/// Paths: `default`, or KEY=VALUE joined by `+`; keys: backend=cpu|mlx|metal|cuda (the model
+/// is loaded once per backend; mlx, metal and cuda need a build with that feature),
 /// gdn=auto|perstep|chunked.
 ///
 /// Examples:
 ///   harness parity --synth qwen3_5:tiny --a gdn=perstep --b gdn=chunked
 ///   harness parity --synth qwen3_5:tiny:q4 --a backend=cpu --b backend=mlx
+///   harness parity --synth qwen3_5:tiny --a backend=cpu --b backend=cuda+gdn=chunked
 ///   harness parity --model ~/models/Qwen3.5-0.8B --a gdn=perstep --b gdn=chunked --prompts prompts.txt --json
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
