@@ -9,6 +9,12 @@
 //! - `MLX_SYS_BINDINGS_ONLY=1`: generate bindings only, build and link nothing. Also chosen
 //!   for the `metal` feature on non-Apple targets, so `cargo check --features metal` type-checks
 //!   Metal-only code on Linux (such a build cannot link).
+//! - feature `cuda`: the prefix is MLX's CUDA wheel (`mlx-cuda-13`). Its `MLXConfig.cmake`
+//!   requires the CUDA toolkit and cuDNN before it will describe libmlx, yet mlx-c includes no
+//!   CUDA header and links nothing of either: those two lookups are answered by stubs written
+//!   to OUT_DIR (a `FindCUDAToolkit.cmake` and an empty cuDNN tree), so mlx-c configures with or
+//!   without a toolkit. libmlx finds its real CUDA libraries at run time through its own RPATH
+//!   (the `nvidia-*` wheels beside it) and the driver's `libcuda.so.1`.
 //!
 //! Output for dependents (`DEP_MLX_*` in their build scripts): `LIBDIR`, the directory holding
 //! `libmlx`, which binaries need as an rpath; Cargo cannot add it for them.
@@ -180,6 +186,12 @@ fn build_mlx_c(
         cfg.cxxflag(format!("-I{}", prefix.join("include").display()));
         cfg.cxxflag(format!("-include{}", shim.join("half_x86.h").display()));
     }
+    if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        let stubs = cuda_config_stubs()?;
+        cfg.define("CMAKE_MODULE_PATH", stubs.join("cmake"))
+            .define("CUDNN_INCLUDE_PATH", stubs.join("include"))
+            .define("CUDNN_LIBRARY_PATH", stubs.join("lib"));
+    }
     let dst = cfg.build();
 
     for lib in ["lib", "lib64"] {
@@ -197,6 +209,41 @@ fn build_mlx_c(
     // Our own tests and examples.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", libdir.display());
     Ok(())
+}
+
+/// What MLX's CUDA `MLXConfig.cmake` looks up before it describes libmlx: a CUDA toolkit
+/// (`find_dependency(CUDAToolkit)`, answered by our `FindCUDAToolkit.cmake`, which defines the
+/// `CUDA::cuda_driver` target libmlx's import names) and cuDNN 9 (MLX's own `FindCUDNN.cmake`,
+/// pointed at a header carrying only the major version and empty library files). Nothing here
+/// is compiled against or linked.
+fn cuda_config_stubs() -> Result<PathBuf, String> {
+    let root = PathBuf::from(env::var("OUT_DIR").unwrap()).join("cuda-config-stubs");
+    let write = |rel: &str, text: &str| -> Result<(), String> {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap())
+            .and_then(|_| fs::write(&path, text))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    write(
+        "cmake/FindCUDAToolkit.cmake",
+        "# Stub written by mlx-sys/build.rs: mlx-c needs no CUDA toolkit (see there).\n\
+         set(CUDAToolkit_FOUND TRUE)\n\
+         set(CUDAToolkit_VERSION_MAJOR 13)\n\
+         set(CUDAToolkit_INCLUDE_DIRS \"\")\n\
+         set(CUDAToolkit_LIBRARY_DIR \"\")\n\
+         if(NOT TARGET CUDA::cuda_driver)\n\
+         \x20 add_library(CUDA::cuda_driver INTERFACE IMPORTED)\n\
+         endif()\n",
+    )?;
+    write("include/cudnn.h", "/* stub: see mlx-sys/build.rs */\n")?;
+    write(
+        "include/cudnn_version.h",
+        "/* stub: see mlx-sys/build.rs */\n#define CUDNN_MAJOR 9\n",
+    )?;
+    for lib in ["cudnn", "cudnn_graph", "cudnn_engines_runtime_compiled"] {
+        write(&format!("lib/lib{lib}.so"), "")?;
+    }
+    Ok(root)
 }
 
 fn generate_bindings(mlx_c: &Path, shim: &Path, half_shim: bool, out: &Path) -> Result<(), String> {

@@ -84,7 +84,8 @@ impl Backend {
     }
 
     /// Where results of this backend come from, for golden folders and reports: `cpu`, for
-    /// MLX its device (`mlx-cpu`, `mlx-gpu`), since MLX's CPU and GPU round differently, and for
+    /// MLX its device (`mlx-cpu`, `mlx-gpu` on a Mac, `mlx-cuda` with MLX's CUDA build), since
+    /// MLX's devices round differently, and for
     /// CUDA the GPU model (`cuda-h200`, `cuda-gb10`): kernels and cuBLAS round per architecture.
     pub fn device_key(self) -> String {
         match self {
@@ -102,6 +103,10 @@ impl Backend {
             Backend::Mlx => {
                 #[cfg(feature = "mlx")]
                 if let Ok(d) = kernels::mlx::device::default_device() {
+                    // MLX's GPU is Metal on a Mac and CUDA with the mlx-cuda build.
+                    if cfg!(feature = "mlx-cuda") && d == kernels::mlx::device::MlxDevice::Gpu {
+                        return "mlx-cuda".into();
+                    }
                     return format!("mlx-{}", d.name());
                 }
                 "mlx".into()

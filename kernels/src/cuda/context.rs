@@ -16,6 +16,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::{result as drv, sys};
 
 use super::launch::Launch;
+use super::signature::{self, Kind};
 use super::sources::{self, Source};
 use crate::error::Result;
 use crate::Error;
@@ -36,7 +37,8 @@ pub(crate) struct Gpu {
 
 struct Module {
     handle: sys::CUmodule,
-    functions: HashMap<&'static str, sys::CUfunction>,
+    /// Kernels looked up so far, with their parameter kinds read from the source.
+    functions: HashMap<&'static str, (sys::CUfunction, Vec<Kind>)>,
 }
 
 // SAFETY: driver API handles (context, module, function, cuBLAS handle) may be used from any
@@ -152,25 +154,30 @@ fn missing_library(what: &str, file: &str, wheel: &str) -> String {
 }
 
 /// A kernel argument: a device pointer (`u64`), a size or a scalar, passed by address as
-/// `cuLaunchKernel` wants.
+/// `cuLaunchKernel` wants, with the parameter kind it must meet.
 pub(crate) trait Arg {
     fn addr(&self) -> *mut c_void;
+    fn kind(&self) -> Kind;
 }
 
 macro_rules! plain_arg {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $k:ident),*) => {$(
         impl Arg for $t {
             fn addr(&self) -> *mut c_void {
                 self as *const $t as *mut c_void
             }
+            fn kind(&self) -> Kind {
+                Kind::$k
+            }
         }
     )*};
 }
-plain_arg!(u64, i64, i32, u32, f32);
+plain_arg!(u64 => Ptr, i64 => I64, i32 => I32, u32 => U32, f32 => F32);
 
 impl Gpu {
     /// Launches kernel `name` of `file` (compiled for this device on first use). `args` must
-    /// match the kernel's parameter list in type and order.
+    /// match the kernel's parameter list in kind and order: checked against the source's
+    /// declaration, so a mismatch is an error here instead of corrupt memory on the GPU.
     pub(crate) fn launch(
         &self,
         file: &Source,
@@ -178,7 +185,8 @@ impl Gpu {
         l: Launch,
         args: &[&dyn Arg],
     ) -> Result<()> {
-        let f = self.function(file, name)?;
+        let kinds: Vec<Kind> = args.iter().map(|a| a.kind()).collect();
+        let f = self.function(file, name, &kinds)?;
         let mut params: Vec<*mut c_void> = args.iter().map(|a| a.addr()).collect();
         // SAFETY: `f` is a live function of a loaded module; `params` point at values that
         // outlive the call (cuLaunchKernel copies them before returning), and their types and
@@ -189,7 +197,7 @@ impl Gpu {
         }
     }
 
-    fn function(&self, file: &Source, name: &'static str) -> Result<sys::CUfunction> {
+    fn function(&self, file: &Source, name: &'static str, args: &[Kind]) -> Result<sys::CUfunction> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if !modules.contains_key(file.name) {
             let compiled = sources::compile(file, self.arch)
@@ -206,14 +214,24 @@ impl Gpu {
             );
         }
         let m = modules.get_mut(file.name).expect("inserted above");
-        if let Some(&f) = m.functions.get(name) {
-            return Ok(f);
+        if !m.functions.contains_key(name) {
+            let kinds = signature::params(file, name).ok_or_else(|| {
+                cuda_err("launch", format!("{} declares no kernel {name}", file.name))
+            })?;
+            let cname = std::ffi::CString::new(name).expect("kernel names hold no NUL");
+            // SAFETY: a loaded module and a NUL-terminated name.
+            let f = unsafe { drv::module::get_function(m.handle, cname) }.map_err(|e| {
+                cuda_err("launch", format!("kernel {name} in {}: {e:?}", file.name))
+            })?;
+            m.functions.insert(name, (f, kinds));
         }
-        let cname = std::ffi::CString::new(name).expect("kernel names hold no NUL");
-        // SAFETY: a loaded module and a NUL-terminated name.
-        let f = unsafe { drv::module::get_function(m.handle, cname) }
-            .map_err(|e| cuda_err("launch", format!("kernel {name} in {}: {e:?}", file.name)))?;
-        m.functions.insert(name, f);
-        Ok(f)
+        let (f, kinds) = &m.functions[name];
+        if kinds.as_slice() != args {
+            return Err(cuda_err(
+                "launch",
+                format!("kernel {name} in {} takes {kinds:?}, the launch passes {args:?}", file.name),
+            ));
+        }
+        Ok(*f)
     }
 }

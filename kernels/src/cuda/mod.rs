@@ -18,6 +18,7 @@ mod gdn;
 pub mod launch;
 mod matmul;
 mod rows;
+mod signature;
 pub mod sources;
 
 pub use context::{device_name, probe};
