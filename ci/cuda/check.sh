@@ -48,11 +48,12 @@ else
     cmake_dir="$(MLX_VENV="$root/target/mlx-cuda-venv" MLX_NO_DEPS=1 \
         MLX_WHEEL='mlx==0.32.2 mlx-cuda-13==0.32.2' bash ci/mlx/setup.sh | tail -n 1)"
     # libmlx.so of the CUDA wheel needs libcuda.so.1 (the driver) and the CUDA libraries left
-    # out above: the linker may leave those symbols to run time. The dev profile shares
+    # out above: their symbols are left to run time (rust-lld, the default linker on x86-64
+    # Linux, does so anyway; GNU ld needs --allow-shlib-undefined). The dev profile shares
     # ci/mlx/test.sh's dependencies in target/mlx; only mlx-sys (feature cuda), mlx-rs and the
     # workspace crates are rebuilt.
-    MLX_CMAKE_DIR="$cmake_dir" CARGO_TARGET_DIR="$root/target/mlx" \
-        cargo rustc -p engine --bin engine --features mlx-cuda -- \
+    MLX_CMAKE_DIR="$cmake_dir" CMAKE="$root/target/mlx-cuda-venv/bin/cmake" \
+        CARGO_TARGET_DIR="$root/target/mlx" cargo rustc -p engine --bin engine --features mlx-cuda -- \
         -C link-arg=-Wl,--allow-shlib-undefined
     bin="$root/target/mlx/debug/engine"
     if ! readelf -d "$bin" | grep -q 'NEEDED.*libmlx.so'; then

@@ -101,6 +101,19 @@ mod cpu_vs_backend {
     use super::*;
     use engine::Backend;
 
+    /// The formats each device backend is checked in: every format of tiny Qwen3, and a dense
+    /// and two quantized ones of tiny Qwen3.5 (on both GDN paths).
+    pub const QWEN3_FORMATS: [&str; 7] = [
+        "f32:hf",
+        "bf16:hf",
+        "q4:mlx",
+        "q8:mlx",
+        "mxfp4:mlx",
+        "nvfp4:mlx",
+        "mxfp8:mlx",
+    ];
+    pub const QWEN3_5_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"];
+
     pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
         backend.activate().unwrap();
         let dir = synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap();
@@ -139,7 +152,7 @@ mod cpu_vs_backend {
 /// The CPU backend against the MLX backend (MLX's CPU device here).
 #[cfg(feature = "mlx")]
 mod cpu_vs_mlx {
-    use super::cpu_vs_backend::cpu_vs;
+    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
     use engine::Backend;
 
     fn cpu_vs_mlx(spec: &str, gdn: &str) {
@@ -148,22 +161,14 @@ mod cpu_vs_mlx {
 
     #[test]
     fn qwen3_cpu_and_mlx_agree_in_every_format() {
-        for f in [
-            "f32:hf",
-            "bf16:hf",
-            "q4:mlx",
-            "q8:mlx",
-            "mxfp4:mlx",
-            "nvfp4:mlx",
-            "mxfp8:mlx",
-        ] {
+        for f in QWEN3_FORMATS {
             cpu_vs_mlx(&format!("qwen3:tiny:{f}"), "gdn=auto");
         }
     }
 
     #[test]
     fn qwen3_5_cpu_and_mlx_agree_on_both_gdn_paths() {
-        for f in ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"] {
+        for f in QWEN3_5_FORMATS {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs_mlx(&format!("qwen3_5:tiny:{f}"), gdn);
             }
@@ -193,7 +198,7 @@ mod cpu_vs_metal {
 /// `CUDA_CONFORMANCE_REQUIRED=1`, which makes that a failure).
 #[cfg(feature = "cuda")]
 mod cpu_vs_cuda {
-    use super::cpu_vs_backend::cpu_vs;
+    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
     use engine::Backend;
 
     fn gpu_here() -> bool {
@@ -215,18 +220,10 @@ mod cpu_vs_cuda {
         if !gpu_here() {
             return;
         }
-        for f in [
-            "f32:hf",
-            "bf16:hf",
-            "q4:mlx",
-            "q8:mlx",
-            "mxfp4:mlx",
-            "nvfp4:mlx",
-            "mxfp8:mlx",
-        ] {
+        for f in QWEN3_FORMATS {
             cpu_vs(Backend::Cuda, &format!("qwen3:tiny:{f}"), "gdn=auto");
         }
-        for f in ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"] {
+        for f in QWEN3_5_FORMATS {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Cuda, &format!("qwen3_5:tiny:{f}"), gdn);
             }

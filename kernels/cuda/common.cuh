@@ -39,43 +39,35 @@ __device__ __forceinline__ u16 f32_to_f16(float x) {
     return h;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Add {
+    template <typename T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// `f` over the 32 lanes of a warp, in a fixed butterfly order; every lane gets the result.
+template <typename T, typename F>
+__device__ __forceinline__ T warp_reduce(T v, F f) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ double warp_sum_d(double v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Add()); }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
-// result. `scratch` holds 32 values and is free again when the function returns.
-__device__ double block_sum_d(double v, double* scratch) {
+// `f` over the whole block (blockDim.x a multiple of 32, at most 1024), warps first, then the
+// warps' results in warp order; every thread gets the result. `scratch` holds 32 values and is
+// free again when the function returns.
+template <typename T, typename F>
+__device__ T block_reduce(T v, T* scratch, F f) {
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_sum_d(v);
+    v = warp_reduce(v, f);
     __syncthreads();
     if (lane == 0) scratch[w] = v;
     __syncthreads();
-    double r = 0.0;
-    for (int i = 0; i < nw; i++) r += scratch[i];
-    __syncthreads();
-    return r;
-}
-
-__device__ float block_max(float v, float* scratch) {
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[w] = v;
-    __syncthreads();
-    float r = NEG_INF;
-    for (int i = 0; i < nw; i++) r = fmaxf(r, scratch[i]);
+    T r = scratch[0];
+    for (int i = 1; i < nw; i++) r = f(r, scratch[i]);
     __syncthreads();
     return r;
 }

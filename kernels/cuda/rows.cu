@@ -11,10 +11,24 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     float* o = out + (i64)blockIdx.x * n;
     double ss = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)row[i] * (double)row[i];
-    double ms = block_sum_d(ss, scratch) / (double)n;
+    double ms = block_reduce(ss, scratch, Add()) / (double)n;
     float r = (float)(1.0 / sqrt(ms + (double)eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         o[i] = w ? row[i] * r * w[i] : row[i] * r;
+}
+
+// The row's largest value, NaN ignored (fmaxf, like f32::max); every thread gets it.
+__device__ float row_max(const float* row, int n, float* scratch) {
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+    return block_reduce(m, scratch, Max());
+}
+
+// Whether the row holds a NaN; every thread gets it.
+__device__ int row_has_nan(const float* row, int n, int* flag) {
+    int nan = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) nan |= row[i] != row[i];
+    return block_any(nan, flag);
 }
 
 // Softmax; a row of only -inf (and no NaN) gives zeros. Grid: one block per row.
@@ -24,21 +38,15 @@ extern "C" __global__ void softmax(const float* x, float* out, int n) {
     __shared__ int flag;
     const float* row = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
-    float m = NEG_INF;
-    int nan = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        m = fmaxf(m, row[i]);  // fmaxf ignores NaN, like f32::max
-        nan |= row[i] != row[i];
-    }
-    m = block_max(m, fscratch);
-    nan = block_any(nan, &flag);
+    float m = row_max(row, n, fscratch);
+    int nan = row_has_nan(row, n, &flag);
     if (m == NEG_INF && !nan) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = 0.0f;
         return;
     }
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
-    sum = block_sum_d(sum, dscratch);
+    sum = block_reduce(sum, dscratch, Add());
     float inv = (float)(1.0 / sum);
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = expf(row[i] - m) * inv;
 }
@@ -50,14 +58,8 @@ extern "C" __global__ void log_softmax(const float* x, float* out, int n) {
     __shared__ int flag;
     const float* row = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
-    float mf = NEG_INF;
-    int nan = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        mf = fmaxf(mf, row[i]);
-        nan |= row[i] != row[i];
-    }
-    mf = block_max(mf, fscratch);
-    nan = block_any(nan, &flag);
+    float mf = row_max(row, n, fscratch);
+    int nan = row_has_nan(row, n, &flag);
     if (mf == NEG_INF && !nan) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = NEG_INF;
         return;
@@ -65,7 +67,7 @@ extern "C" __global__ void log_softmax(const float* x, float* out, int n) {
     double m = (double)mf;
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += exp((double)row[i] - m);
-    double log_sum = log(block_sum_d(sum, dscratch));
+    double log_sum = log(block_reduce(sum, dscratch, Add()));
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (float)(((double)row[i] - m) - log_sum);
 }
 

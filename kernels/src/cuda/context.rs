@@ -197,14 +197,28 @@ impl Gpu {
         }
     }
 
-    fn function(&self, file: &Source, name: &'static str, args: &[Kind]) -> Result<sys::CUfunction> {
+    fn function(
+        &self,
+        file: &Source,
+        name: &'static str,
+        args: &[Kind],
+    ) -> Result<sys::CUfunction> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if !modules.contains_key(file.name) {
             let compiled = sources::compile(file, self.arch)
                 .map_err(|e| cuda_err("nvrtc", format!("compiling {e}")))?;
             // SAFETY: NUL-terminated PTX text from NVRTC.
             let handle = unsafe { drv::module::load_data(compiled.ptx.as_ptr().cast()) }
-                .map_err(|e| cuda_err("nvrtc", format!("loading {}: {e:?}", file.name)))?;
+                .map_err(|e| {
+                    cuda_err(
+                        "nvrtc",
+                        format!(
+                            "loading {}: {e:?} (an NVRTC newer than the driver emits PTX the \
+                             driver cannot load: `ci/cuda/setup.sh --runtime` installs a matching one)",
+                            file.name
+                        ),
+                    )
+                })?;
             modules.insert(
                 file.name,
                 Module {
@@ -229,7 +243,10 @@ impl Gpu {
         if kinds.as_slice() != args {
             return Err(cuda_err(
                 "launch",
-                format!("kernel {name} in {} takes {kinds:?}, the launch passes {args:?}", file.name),
+                format!(
+                    "kernel {name} in {} takes {kinds:?}, the launch passes {args:?}",
+                    file.name
+                ),
             ));
         }
         Ok(*f)

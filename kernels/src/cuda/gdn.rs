@@ -65,16 +65,50 @@ impl Dims {
     }
 }
 
-/// The six f32 inputs on the device, in `ops`' order.
-fn inputs(op: &'static str, ts: [&Tensor; 5]) -> Result<[Tensor; 5]> {
-    let [q, k, v, g, b] = ts;
-    Ok([
-        f32_on_device(op, q)?,
-        f32_on_device(op, k)?,
-        f32_on_device(op, v)?,
-        f32_on_device(op, g)?,
-        f32_on_device(op, b)?,
-    ])
+impl Dims {
+    /// T, Hk, Hv, Dk, Dv as the kernels' `int`s.
+    fn ints(&self, op: &'static str) -> Result<[i32; 5]> {
+        Ok([
+            int(op, "tokens", self.t)?,
+            int(op, "key heads", self.hk)?,
+            int(op, "value heads", self.hv)?,
+            int(op, "key dim", self.dk)?,
+            int(op, "value dim", self.dv)?,
+        ])
+    }
+}
+
+/// What both recurrence paths start from: sizes, the five f32 inputs on the device (q, k, v,
+/// g_log, beta), the state's address (written in place, copied first when shared) and the
+/// output buffer.
+struct Call {
+    d: Dims,
+    x: [Tensor; 5],
+    state: u64,
+    y: Tensor,
+}
+
+impl Call {
+    fn new(op: &'static str, ts: [&Tensor; 5], state: &mut Tensor) -> Result<Call> {
+        let d = Dims::of(ts[0], ts[2])?;
+        let [q, k, v, g, b] = ts;
+        let x = [
+            f32_on_device(op, q)?,
+            f32_on_device(op, k)?,
+            f32_on_device(op, v)?,
+            f32_on_device(op, g)?,
+            f32_on_device(op, b)?,
+        ];
+        let state = make_mut(state)?;
+        let y = empty(&[d.t, d.hv, d.dv], DType::F32)?;
+        Ok(Call { d, x, state, y })
+    }
+
+    /// Device addresses of q, k, v, g_log, beta.
+    fn ptrs(&self) -> Result<[u64; 5]> {
+        let [q, k, v, g, b] = &self.x;
+        Ok([ptr(q)?, ptr(k)?, ptr(v)?, ptr(g)?, ptr(b)?])
+    }
 }
 
 pub(crate) fn gdn_recurrent(
@@ -86,38 +120,22 @@ pub(crate) fn gdn_recurrent(
     state: &mut Tensor,
 ) -> Result<Tensor> {
     let op = "gdn_recurrent";
-    let d = Dims::of(q, v)?;
-    let [q, k, v, g, b] = inputs(op, [q, k, v, g_log, beta])?;
-    let sp = make_mut(state)?;
-    let y = empty(&[d.t, d.hv, d.dv], DType::F32)?;
-    if d.t == 0 {
-        return Ok(y);
+    let c = Call::new(op, [q, k, v, g_log, beta], state)?;
+    if c.d.t == 0 {
+        return Ok(c.y);
     }
-    let p = [
-        ptr(&q)?,
-        ptr(&k)?,
-        ptr(&v)?,
-        ptr(&g)?,
-        ptr(&b)?,
-        sp,
-        ptr(&y)?,
-    ];
-    let s = [
-        int(op, "tokens", d.t)?,
-        int(op, "key heads", d.hk)?,
-        int(op, "value heads", d.hv)?,
-        int(op, "key dim", d.dk)?,
-        int(op, "value dim", d.dv)?,
-    ];
+    let [qp, kp, vp, gp, bp] = c.ptrs()?;
+    let yp = ptr(&c.y)?;
+    let [t, hk, hv, dk, dv] = c.d.ints(op)?;
     gpu()?.launch(
         &GDN,
         "gdn_recurrent",
-        launch::gdn_recurrent(d.hv, d.dv)?,
+        launch::gdn_recurrent(c.d.hv, c.d.dv)?,
         &[
-            &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &s[0], &s[1], &s[2], &s[3], &s[4],
+            &qp, &kp, &vp, &gp, &bp, &c.state, &yp, &t, &hk, &hv, &dk, &dv,
         ],
     )?;
-    Ok(y)
+    Ok(c.y)
 }
 
 /// Slab buffers of one chunked call; `b` slabs of `l` steps.
@@ -179,32 +197,23 @@ pub(crate) fn gdn_chunked(
     chunk: usize,
 ) -> Result<Tensor> {
     let op = "gdn_chunked";
-    let d = Dims::of(q, v)?;
-    let [q, k, v, g, b] = inputs(op, [q, k, v, g_log, beta])?;
-    let sp = make_mut(state)?;
-    let y = empty(&[d.t, d.hv, d.dv], DType::F32)?;
+    let c = Call::new(op, [q, k, v, g_log, beta], state)?;
+    let (d, sp) = (&c.d, c.state);
     if d.t == 0 {
-        return Ok(y);
+        return Ok(c.y);
     }
     // Any chunk length computes the same values; the slab kernels hold at most GDN_MAX_L rows.
     let l = chunk.min(launch::GDN_MAX_L).min(d.t);
     let chunks = d.t.div_ceil(l);
     let s = Slabs::new(d.hv * chunks, l, d.dk, d.dv)?;
     let gpu = gpu()?;
-    let (ti, hki, hvi, dki, dvi, ci, li) = (
-        int(op, "tokens", d.t)?,
-        int(op, "key heads", d.hk)?,
-        int(op, "value heads", d.hv)?,
-        int(op, "key dim", d.dk)?,
-        int(op, "value dim", d.dv)?,
-        int(op, "chunks", chunks)?,
-        l as i32,
-    );
+    let [ti, hki, hvi, dki, dvi] = d.ints(op)?;
+    let (ci, li) = (int(op, "chunks", chunks)?, l as i32);
     let slabs = s.b as i64;
     let p = |t: &Tensor| ptr(t);
 
     // Gather the slabs.
-    let (qp, kp, vp, gp, bp) = (p(&q)?, p(&k)?, p(&v)?, p(&g)?, p(&b)?);
+    let [qp, kp, vp, gp, bp] = c.ptrs()?;
     let (qkp, sgp, sbp, bvp) = (p(&s.qk)?, p(&s.g)?, p(&s.beta)?, p(&s.bv)?);
     gpu.launch(
         &GDN,
@@ -332,14 +341,14 @@ pub(crate) fn gdn_chunked(
         slab(odp, d.dv, 2 * l * d.dv),
         (1.0, 1.0),
     )?;
-    let yp = ptr(&y)?;
+    let yp = ptr(&c.y)?;
     gpu.launch(
         &GDN,
         "gdn_scatter",
         launch::elements(op, d.t * d.hv * d.dv)?,
         &[&odp, &yp, &ti, &hvi, &dvi, &ci, &li],
     )?;
-    Ok(y)
+    Ok(c.y)
 }
 
 /// The address `elems` f32 elements past `base`.

@@ -116,9 +116,11 @@ pub(crate) fn upload(t: &Tensor) -> Result<Tensor> {
     let bytes = t.raw_bytes()?;
     let out = empty(t.shape(), t.dtype())?;
     if !bytes.is_empty() {
-        // SAFETY: `out` holds exactly `bytes.len()` bytes; the copy orders after earlier work
-        // on the legacy stream and has read `bytes` when it returns.
-        unsafe { drv::memcpy_htod_sync(ptr(&out)?, bytes) }
+        let g = gpu()?;
+        // SAFETY: `out` holds exactly `bytes.len()` bytes. From pageable memory the async copy
+        // has staged `bytes` when it returns (so they may be dropped) and, unlike the
+        // synchronous copy, does not wait for the GPU to finish earlier work.
+        unsafe { drv::memcpy_htod_async(ptr(&out)?, bytes, g.stream) }
             .map_err(|e| cuda_err("to_device", format!("{e:?}")))?;
     }
     Ok(out)
