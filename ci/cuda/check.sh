@@ -31,10 +31,10 @@ echo "== cuda: tests that need no GPU (NVRTC compile for 8.0/9.0/12.1, host logi
 export CUDA_NVRTC_REQUIRED=1
 cargo test --release -p kernels --features cuda --lib --test cuda_nvrtc --test cuda_conformance \
     -- --nocapture
-# The engine's and harness's CUDA tests (names containing `cuda`): the CLI error, the golden-key
-# naming, CPU-vs-CUDA parity and CUDA goldens (both skip, saying why).
-cargo test --release -p engine -p harness --features cuda --lib --test cli_errors --test parity \
-    --test golden -- --nocapture cuda
+# The engine's and harness's CUDA tests (names containing `cuda`): the golden-key naming, the
+# CLI error, CPU-vs-CUDA parity and CUDA goldens (both skip, saying why).
+cargo test --release -p engine --features cuda --lib --test cli_errors -- --nocapture cuda
+cargo test --release -p harness --features cuda --test parity --test golden -- --nocapture cuda
 t3=$(date +%s)
 
 echo "== cuda: cargo clippy --all-targets --features cuda"
