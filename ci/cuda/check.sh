@@ -49,15 +49,16 @@ else
         MLX_WHEEL='mlx==0.32.2 mlx-cuda-13==0.32.2' bash ci/mlx/setup.sh | tail -n 1)"
     # libmlx.so of the CUDA wheel needs libcuda.so.1 (the driver) and the CUDA libraries left
     # out above: their symbols are left to run time (rust-lld, the default linker on x86-64
-    # Linux, does so anyway; GNU ld needs --allow-shlib-undefined). The dev profile shares
-    # ci/mlx/test.sh's dependencies in target/mlx; only mlx-sys (feature cuda), mlx-rs and the
+    # Linux, does not resolve a shared library's own dependencies). `cargo test --no-run` of the
+    # engine binary's test harness, like ci/mlx/test.sh's build, shares its dependencies in
+    # target/mlx: only mlx-sys (feature cuda: mlx-c against the CUDA wheel), mlx-rs and the
     # workspace crates are rebuilt.
     MLX_CMAKE_DIR="$cmake_dir" CMAKE="$root/target/mlx-cuda-venv/bin/cmake" \
-        CARGO_TARGET_DIR="$root/target/mlx" cargo rustc -p engine --bin engine --features mlx-cuda -- \
-        -C link-arg=-Wl,--allow-shlib-undefined
-    bin="$root/target/mlx/debug/engine"
-    if ! readelf -d "$bin" | grep -q 'NEEDED.*libmlx.so'; then
-        echo "cuda: $bin does not link libmlx.so" >&2
+        CARGO_TARGET_DIR="$root/target/mlx" \
+        cargo test -p engine --features mlx-cuda --no-run --bin engine 2>&1 | tee "$root/target/mlx-cuda-link.log"
+    bin="$(grep -o '(/[^)]*/deps/engine-[0-9a-f]*)' "$root/target/mlx-cuda-link.log" | tr -d '()' | tail -n 1)"
+    if [ -z "$bin" ] || ! readelf -d "$bin" | grep -q 'NEEDED.*libmlx.so'; then
+        echo "cuda: the engine test binary ($bin) does not link libmlx.so" >&2
         exit 1
     fi
     echo "linked: $bin against $cmake_dir/lib/libmlx.so ($(readelf -d "$cmake_dir/lib/libmlx.so" | grep -o 'lib\(cuda\|cublasLt\|nvrtc\|cudnn\)[^]]*' | paste -sd' ' -))"

@@ -197,10 +197,10 @@ pub(crate) fn gdn_chunked(
     chunk: usize,
 ) -> Result<Tensor> {
     let op = "gdn_chunked";
-    let c = Call::new(op, [q, k, v, g_log, beta], state)?;
-    let (d, sp) = (&c.d, c.state);
+    let call = Call::new(op, [q, k, v, g_log, beta], state)?;
+    let (d, sp) = (&call.d, call.state);
     if d.t == 0 {
-        return Ok(c.y);
+        return Ok(call.y);
     }
     // Any chunk length computes the same values; the slab kernels hold at most GDN_MAX_L rows.
     let l = chunk.min(launch::GDN_MAX_L).min(d.t);
@@ -213,7 +213,7 @@ pub(crate) fn gdn_chunked(
     let p = |t: &Tensor| ptr(t);
 
     // Gather the slabs.
-    let [qp, kp, vp, gp, bp] = c.ptrs()?;
+    let [qp, kp, vp, gp, bp] = call.ptrs()?;
     let (qkp, sgp, sbp, bvp) = (p(&s.qk)?, p(&s.g)?, p(&s.beta)?, p(&s.bv)?);
     gpu.launch(
         &GDN,
@@ -341,14 +341,14 @@ pub(crate) fn gdn_chunked(
         slab(odp, d.dv, 2 * l * d.dv),
         (1.0, 1.0),
     )?;
-    let yp = ptr(&c.y)?;
+    let yp = ptr(&call.y)?;
     gpu.launch(
         &GDN,
         "gdn_scatter",
         launch::elements(op, d.t * d.hv * d.dv)?,
         &[&odp, &yp, &ti, &hvi, &dvi, &ci, &li],
     )?;
-    Ok(c.y)
+    Ok(call.y)
 }
 
 /// The address `elems` f32 elements past `base`.
