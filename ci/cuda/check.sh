@@ -56,7 +56,7 @@ else
     MLX_CMAKE_DIR="$cmake_dir" CMAKE="$root/target/mlx-cuda-venv/bin/cmake" \
         CARGO_TARGET_DIR="$root/target/mlx" \
         cargo test -p engine --features mlx-cuda --no-run --bin engine 2>&1 | tee "$root/target/mlx-cuda-link.log"
-    bin="$(grep -o '(/[^)]*/deps/engine-[0-9a-f]*)' "$root/target/mlx-cuda-link.log" | tr -d '()' | tail -n 1)"
+    bin="$(grep -o '([^)]*deps/engine-[0-9a-f]*)' "$root/target/mlx-cuda-link.log" | tr -d '()' | tail -n 1)"
     if [ -z "$bin" ] || ! readelf -d "$bin" | grep -q 'NEEDED.*libmlx.so'; then
         echo "cuda: the engine test binary ($bin) does not link libmlx.so" >&2
         exit 1
