@@ -170,4 +170,9 @@ fn bad_prompts() {
         ],
         &["top-p"],
     );
+    // Ids bypass the tokenizer, so they cannot be wrapped in a chat template.
+    expect_error(
+        &["generate", "--model", d, "--prompt-ids", "1,2", "--chat"],
+        &["--chat", "--prompt-ids"],
+    );
 }

@@ -545,3 +545,49 @@ fn a_cpu_path_and_an_mlx_path_join_per_length() {
         .collect();
     assert_eq!(speedups, ["0.50", "0.50"], "{md}");
 }
+
+#[test]
+fn extreme_or_non_positive_timings_are_refused_with_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (ttft, len, needle) in [
+        (0.0, 64, "`ttft_ms` = 0"),
+        (-3.0, 64, "`ttft_ms` = -3"),
+        (1e300, 64, "`ttft_ms` = 1"),
+        (5.0, 0, "`prompt_tokens` = 0"),
+    ] {
+        let path = tmp.path().join("bad.jsonl");
+        let mut rows = vec![row("abc1234", "EPYC", 64, 10.0, "h")];
+        let mut bad = row("abc1234", "EPYC", len, ttft, "h");
+        bad.path = "gdn=perstep".into();
+        // (len / 0 would be written as null, failing on the parse instead of the check)
+        bad.prefill_tokens_per_s = 1.0;
+        rows.push(bad);
+        write_jsonl(&path, &rows);
+        let out = tmp.path().join("report");
+        let (ok, _, err) = harness(&[
+            "report",
+            path.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(!ok, "{ttft} ms accepted");
+        assert!(err.contains("bad.jsonl:2") && err.contains(needle), "{err}");
+    }
+    // Valid but far apart (1 µs and 11 days): reported, with bounded axes.
+    let path = tmp.path().join("wide.jsonl");
+    let mut rows = vec![
+        row("abc1234", "EPYC", 64, 1e-3, "h"),
+        row("abc1234", "EPYC", 4096, 1e9, "h"),
+    ];
+    rows[1].path = "gdn=perstep".into();
+    write_jsonl(&path, &rows);
+    let out = tmp.path().join("wide");
+    let (ok, _, err) = harness(&[
+        "report",
+        path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.join("ttft.png").is_file());
+}
