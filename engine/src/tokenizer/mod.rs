@@ -33,7 +33,18 @@ impl Tokenizer {
             );
         }
         let text = crate::files::read_text(&tok_path, crate::files::MAX_TOKENIZER_BYTES)?;
-        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes())
+        // tokenizers 0.22 panics on some malformed JSON (a syntax error inside `decoder`, found
+        // by fuzz/tokenizer_json): check the syntax first, and turn any other panic of its
+        // parser into an error naming the file.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)
+            .map_err(|e| anyhow!("{}: not valid JSON: {e}", tok_path.display()))?;
+        let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(text.as_bytes()))
+            .map_err(|_| {
+                anyhow!(
+                    "{}: cannot load: the tokenizers crate panicked on it",
+                    tok_path.display()
+                )
+            })?
             .map_err(|e| anyhow!("{}: cannot load: {e}", tok_path.display()))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
