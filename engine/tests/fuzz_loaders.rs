@@ -13,6 +13,15 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{json, Value};
 
+/// `default` cases, or `PROPTEST_CASES` when set (`with_cases` alone would override it).
+fn cases(default: u32) -> ProptestConfig {
+    let n = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    ProptestConfig::with_cases(n)
+}
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx-written/qwen3-bf16")
 }
@@ -166,7 +175,7 @@ fn check_safetensors(bytes: Vec<u8>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(cases(512))]
 
     #[test]
     fn safetensors_random_headers_never_panic(bytes in random_file()) {
@@ -231,7 +240,7 @@ const CONFIG_KEYS: &[&str] = &[
 ];
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(cases(96))]
 
     /// Loads run one after another (they share the folder), each followed by a one-token
     /// forward when the load succeeds.
@@ -294,7 +303,7 @@ fn template_piece() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(cases(256))]
 
     #[test]
     fn chat_templates_never_panic_and_stay_bounded(
