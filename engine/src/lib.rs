@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
+pub mod files;
 pub mod generate;
 pub mod layers;
 pub mod models;

@@ -58,8 +58,9 @@ struct GenerateArgs {
     /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
-    /// Wrap the prompt as a user message in the folder's chat template.
-    #[arg(long, requires = "prompt")]
+    /// Wrap the prompt as a user message in the folder's chat template (with --prompt only:
+    /// ids given with --prompt-ids go to the model as they are).
+    #[arg(long, requires = "prompt", conflicts_with = "prompt_ids")]
     chat: bool,
     /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
     #[arg(long)]

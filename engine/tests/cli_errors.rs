@@ -170,6 +170,11 @@ fn bad_prompts() {
         ],
         &["top-p"],
     );
+    // Ids bypass the tokenizer, so they cannot be wrapped in a chat template.
+    expect_error(
+        &["generate", "--model", d, "--prompt-ids", "1,2", "--chat"],
+        &["--chat", "--prompt-ids"],
+    );
 }
 
 /// `--backend cuda` where it cannot run exits non-zero with a message that says why: a build

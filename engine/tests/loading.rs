@@ -168,19 +168,20 @@ fn loaded_objects_can_be_shared_across_threads() {
 }
 
 #[test]
-fn library_writer_output_reads_back() {
+fn crate_written_file_reads_back() {
+    use safetensors::tensor::{Dtype, TensorView};
     let dir = tempfile::tempdir().unwrap();
-    let t = kernels::Tensor::from_f32(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
-    let u = kernels::Tensor::from_slice(&[3], DType::U8, &[9u8, 8, 7]).unwrap();
+    let w = le(&[1.0f32, 2.0, 3.0, 4.0], f32::to_le_bytes);
+    let u = [9u8, 8, 7];
+    let views = [
+        ("w", TensorView::new(Dtype::F32, vec![2, 2], &w).unwrap()),
+        ("u", TensorView::new(Dtype::U8, vec![3], &u).unwrap()),
+    ];
     let meta = [("format".to_string(), "mlx".to_string())].into();
-    engine::weights::safetensors::write(
-        &dir.path().join("model.safetensors"),
-        &[("w".into(), t), ("u".into(), u)],
-        &meta,
-    )
-    .unwrap();
+    let path = dir.path().join("model.safetensors");
+    safetensors::serialize_to_file(views, Some(meta), &path).unwrap();
     // Check the bytes with the independent reading of the format: header length, JSON, data.
-    let raw = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let raw = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
     assert_eq!((8 + n) % 8, 0, "data section should start 8-byte aligned");
     let header: serde_json::Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
@@ -359,6 +360,32 @@ fn malformed_files_name_file_and_field() {
             "missing shape",
             header_of(r#"{"w.ns":{"dtype":"U8","data_offsets":[0,1]}}"#),
             vec!["`w.ns`", "`shape`"],
+        ),
+        (
+            "overlapping offsets",
+            header_of(
+                r#"{"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#,
+            ),
+            vec!["`b`", "overlap"],
+        ),
+        (
+            "a gap between tensors",
+            header_of(
+                r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#,
+            ),
+            vec!["`b`", "gap"],
+        ),
+        (
+            "trailing bytes",
+            header_of(r#"{"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]}}"#),
+            vec!["2 trailing bytes"],
+        ),
+        (
+            "duplicate names",
+            header_of(
+                r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}"#,
+            ),
+            vec!["`a`", "twice"],
         ),
         (
             "bad metadata",

@@ -69,7 +69,7 @@ fn draws_follow_the_filtered_softmax() {
             // Four standard deviations of a binomial frequency.
             let tol = 4.0 * (w * (1.0 - w) / n as f64).sqrt() + 1e-9;
             assert!(
-                (g - w).abs() <= tol,
+                approx::abs_diff_eq!(*g, *w, epsilon = tol),
                 "T={t} k={k} p={p} token {i}: {g} vs {w}"
             );
         }

@@ -202,6 +202,6 @@ fn a_shifted_reference_fails_on_the_logprob_tolerance() {
         };
         assert!(v.pass && v.matched == 24, "tokens still agree: {v:?}");
         assert!(!res.passed(opts.logprob_tol), "{v:?}");
-        assert!((v.max_logprob_diff - 0.01).abs() < 1e-3, "{v:?}");
+        approx::assert_abs_diff_eq!(v.max_logprob_diff, 0.01, epsilon = 1e-3);
     }
 }

@@ -273,7 +273,7 @@ fn values_have_the_intended_scales() {
         };
         assert!(mean.abs() < 0.05 * want, "{prefix}: mean {mean}");
         assert!(
-            (std / want - 1.0).abs() < 0.05,
+            approx::relative_eq!(std, want, max_relative = 0.05),
             "{prefix}: std {std}, want {want}"
         );
     }
@@ -348,12 +348,19 @@ fn safetensors_header_follows_the_format() {
         let header: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(text.trim_end_matches(' ')).unwrap();
         assert_eq!(header["__metadata__"]["format"], meta);
-        // Names sorted, data contiguous from 0 to the end of the file.
+        // The safetensors crate's layout: by descending dtype alignment, then by name; data
+        // contiguous from 0 to the end of the file.
+        safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let mut end = 0u64;
-        let mut prev = String::new();
+        let mut prev: Option<(std::cmp::Reverse<safetensors::Dtype>, String)> = None;
         for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
-            assert!(*name > prev, "{name} after {prev}");
-            prev = name.clone();
+            let dtype: safetensors::Dtype = serde_json::from_value(info["dtype"].clone()).unwrap();
+            let key = (std::cmp::Reverse(dtype), name.clone());
+            assert!(
+                prev.as_ref().is_none_or(|p| key > *p),
+                "{name} after {prev:?}"
+            );
+            prev = Some(key);
             let off = info["data_offsets"].as_array().unwrap();
             assert_eq!(off[0].as_u64().unwrap(), end, "{name}");
             end = off[1].as_u64().unwrap();

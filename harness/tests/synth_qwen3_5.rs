@@ -350,12 +350,12 @@ fn decays_span_weak_to_strong() {
             .collect();
         let mut sorted = a.clone();
         sorted.sort_by(f64::total_cmp);
-        assert!((sorted[0] / 0.002 - 1.0).abs() < 1e-4, "{p}: {a:?}");
-        assert!((sorted[HV - 1] / 60.0 - 1.0).abs() < 1e-4, "{p}: {a:?}");
+        approx::assert_relative_eq!(sorted[0], 0.002, max_relative = 1e-4);
+        approx::assert_relative_eq!(sorted[HV - 1], 60.0, max_relative = 1e-4);
         // Log-spaced: equal ratios between neighbours.
         let ratio = (60.0f64 / 0.002).powf(1.0 / (HV - 1) as f64);
         for w in sorted.windows(2) {
-            assert!((w[1] / w[0] / ratio - 1.0).abs() < 1e-4, "{p}: {a:?}");
+            approx::assert_relative_eq!(w[1] / w[0], ratio, max_relative = 1e-4);
         }
         let dt = f32s(&store, &format!("{p}.dt_bias"));
         assert!(dt.iter().all(|x| (-1.0..=1.5).contains(x)), "{p}: {dt:?}");

@@ -106,6 +106,21 @@ impl QuantWeight {
         what: &str,
     ) -> Result<QuantWeight> {
         let op = "quantized weight";
+        // Checked first: the arithmetic below divides by the last dim and indexes dims.
+        for (part, t) in [("weight", Some(&packed)), ("scales", Some(&scales))]
+            .into_iter()
+            .chain([("biases", biases.as_ref())])
+        {
+            if let Some(t) = t.filter(|t| t.dims() < 2 || t.shape().contains(&0)) {
+                return shape_err(
+                    op,
+                    format!(
+                        "{what}: {part} must have at least 2 dims, none of size 0, got {:?}",
+                        t.shape()
+                    ),
+                );
+            }
+        }
         if packed.dims() < 2 || packed.dtype() != DType::U32 {
             return shape_err(
                 op,

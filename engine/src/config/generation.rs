@@ -22,7 +22,7 @@ impl GenerationConfig {
     /// Reads `dir/generation_config.json`; a missing file gives the empty defaults.
     pub fn load(dir: &Path) -> Result<GenerationConfig> {
         let path = dir.join("generation_config.json");
-        if !path.exists() {
+        if !crate::files::exists(&path) {
             return Ok(GenerationConfig::default());
         }
         let root = read_json(&path)?;
@@ -40,12 +40,14 @@ impl GenerationConfig {
                 short(v)
             )
         };
-        let float = |key: &str| -> Result<Option<f32>> {
+        // Checked here, where the file can be named; the sampler checks a request's own values.
+        let float = |key: &str, want: &str, ok: fn(f64) -> bool| -> Result<Option<f32>> {
             get(key)
                 .map(|v| {
                     v.as_f64()
+                        .filter(|x| x.is_finite() && ok(*x))
                         .map(|x| x as f32)
-                        .ok_or_else(|| wrong(key, "a number", v))
+                        .ok_or_else(|| wrong(key, want, v))
                 })
                 .transpose()
         };
@@ -61,9 +63,9 @@ impl GenerationConfig {
         };
         Ok(GenerationConfig {
             eos_token_ids,
-            temperature: float("temperature")?,
+            temperature: float("temperature", "a number >= 0", |t| t >= 0.0)?,
             top_k: uint("top_k")?,
-            top_p: float("top_p")?,
+            top_p: float("top_p", "a number in (0, 1]", |p| p > 0.0 && p <= 1.0)?,
             // transformers spells it `max_new_tokens`; older files only have `max_length`,
             // which counts the prompt too, so it is not a substitute.
             max_new_tokens: uint("max_new_tokens")?,

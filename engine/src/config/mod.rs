@@ -2,6 +2,7 @@
 //! under `text_config` in multimodal checkpoints such as Qwen3.5) and the quantization block.
 
 mod generation;
+pub mod limits;
 mod quant;
 
 pub use generation::GenerationConfig;
@@ -71,7 +72,8 @@ impl ModelConfig {
         })
     }
 
-    fn path(&self) -> PathBuf {
+    /// `dir/config.json`, for error messages.
+    pub fn path(&self) -> PathBuf {
         self.dir.join("config.json")
     }
 
@@ -150,8 +152,7 @@ impl ModelConfig {
 
 /// Reads and parses a JSON file, naming it in every error.
 pub(crate) fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let text = crate::files::read_text(path, crate::files::MAX_CONFIG_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
 }
 

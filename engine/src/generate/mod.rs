@@ -80,6 +80,19 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
     req.sampling.validate()
 }
 
+/// Refuses logits with no finite value (NaN or inf everywhere): the model diverged, and greedy
+/// decoding would otherwise pick token 0 as if nothing happened.
+fn check_finite(logits: &kernels::Tensor, pos: usize) -> Result<()> {
+    let host = logits.to_device(kernels::Device::Cpu)?.to_f32()?;
+    if !host.f32s()?.iter().any(|x| x.is_finite()) {
+        bail!(
+            "the logits after position {pos} are all NaN or infinite: the checkpoint's weights or \
+             config values make the model diverge"
+        );
+    }
+    Ok(())
+}
+
 /// Runs one request to completion; `on_token` sees every generated token as it is produced.
 pub fn generate(
     model: &dyn CausalLm,
@@ -92,7 +105,8 @@ pub fn generate(
     let mut sampler = Sampler::new(req.sampling);
     let mut state = model.new_state();
     state.gdn_path = req.gdn_path;
-    let mut tokens = Vec::with_capacity(budget);
+    // Grown as tokens come: the budget may be a context length of millions.
+    let mut tokens = Vec::new();
     let mut top = (req.top_logprobs > 0).then(Vec::new);
     let mut finish = FinishReason::Length;
 
@@ -114,6 +128,7 @@ pub fn generate(
             let v = lp.dim(-1);
             top.push(ops::top_k(&lp.reshape(&[v])?, req.top_logprobs)?);
         }
+        check_finite(&logits, state.pos)?;
         let next = sampler.sample(&logits)?;
         if req.stop_ids.contains(&next) {
             finish = FinishReason::Stop;

@@ -31,7 +31,7 @@ impl Rope {
     /// Reads `rope_theta` (and rejects scaling schemes not implemented yet, rather than
     /// silently computing something else).
     pub fn from_config(cfg: &ModelConfig, rot_dims: usize, layout: RopeLayout) -> Result<Rope> {
-        let theta = cfg.f64_or("rope_theta", 10_000.0)?;
+        let theta = cfg.rope_theta(10_000.0)?;
         if let Some(s) = cfg.opt("rope_scaling").filter(|v| !v.is_null()) {
             let kind = s
                 .get("rope_type")

@@ -48,10 +48,16 @@ pub trait CausalLm: Send + Sync {
 pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let cfg = ModelConfig::load(dir)?;
     let store = WeightStore::open(dir)?;
+    from_parts(&cfg, &store)
+}
+
+/// The family named by `cfg`, built from `store`'s tensors.
+pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn CausalLm>> {
+    let dir = &cfg.dir;
     match cfg.model_type.as_str() {
-        "qwen3" => Ok(Box::new(qwen3::Qwen3::load(&cfg, &store)?)),
+        "qwen3" => Ok(Box::new(qwen3::Qwen3::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
-        "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(&cfg, &store)?)),
+        "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
             "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3, qwen3_5)",
             dir.join("config.json").display()

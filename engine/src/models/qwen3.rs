@@ -29,15 +29,15 @@ pub struct Qwen3 {
 
 impl Qwen3 {
     pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Qwen3> {
-        let hidden = cfg.usize("hidden_size")?;
-        let layers = cfg.usize("num_hidden_layers")?;
-        let heads = cfg.usize("num_attention_heads")?;
-        let kv_heads = cfg.usize_or("num_key_value_heads", heads)?;
-        let head_dim = cfg.usize_or("head_dim", hidden / heads.max(1))?;
-        let inter = cfg.usize("intermediate_size")?;
-        let vocab = cfg.usize("vocab_size")?;
-        let eps = cfg.f64_or("rms_norm_eps", 1e-6)? as f32;
-        let context = cfg.usize_or("max_position_embeddings", 32_768)?;
+        let hidden = cfg.width("hidden_size")?;
+        let layers = cfg.layer_count("num_hidden_layers")?;
+        let heads = cfg.width("num_attention_heads")?;
+        let kv_heads = cfg.width_or("num_key_value_heads", heads)?;
+        let head_dim = cfg.width_or("head_dim", (hidden / heads).max(1))?;
+        let inter = cfg.width("intermediate_size")?;
+        let vocab = cfg.vocab_size()?;
+        let eps = cfg.rms_norm_eps(1e-6)?;
+        let context = cfg.context_length(32_768)?;
         let config_file = cfg.dir.join("config.json");
         ensure!(
             heads > 0 && kv_heads > 0 && heads % kv_heads == 0,

@@ -206,11 +206,11 @@ impl Shape {
     fn read(cfg: &ModelConfig) -> Result<Shape> {
         let file = cfg.dir.join("config.json");
         let file = file.display();
-        let hidden = cfg.usize("hidden_size")?;
-        let layers = cfg.usize("num_hidden_layers")?;
-        let heads = cfg.usize("num_attention_heads")?;
-        let kv_heads = cfg.usize_or("num_key_value_heads", heads)?;
-        let head_dim = cfg.usize_or("head_dim", hidden / heads.max(1))?;
+        let hidden = cfg.width("hidden_size")?;
+        let layers = cfg.layer_count("num_hidden_layers")?;
+        let heads = cfg.width("num_attention_heads")?;
+        let kv_heads = cfg.width_or("num_key_value_heads", heads)?;
+        let head_dim = cfg.width_or("head_dim", (hidden / heads).max(1))?;
         ensure!(
             heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
             "{file}: fields `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})"
@@ -223,11 +223,11 @@ impl Shape {
         }
         let gdn = GdnConfig {
             hidden,
-            k_heads: cfg.usize("linear_num_key_heads")?,
-            v_heads: cfg.usize("linear_num_value_heads")?,
-            k_dim: cfg.usize("linear_key_head_dim")?,
-            v_dim: cfg.usize("linear_value_head_dim")?,
-            conv_kernel: cfg.usize_or("linear_conv_kernel_dim", 4)?,
+            k_heads: cfg.width("linear_num_key_heads")?,
+            v_heads: cfg.width("linear_num_value_heads")?,
+            k_dim: cfg.width("linear_key_head_dim")?,
+            v_dim: cfg.width("linear_value_head_dim")?,
+            conv_kernel: cfg.width_or("linear_conv_kernel_dim", 4)?,
         };
         ensure!(
             gdn.k_heads > 0 && gdn.k_dim > 0 && gdn.v_dim > 0 && gdn.v_heads.is_multiple_of(gdn.k_heads) && gdn.conv_kernel > 0,
@@ -241,10 +241,10 @@ impl Shape {
             heads,
             kv_heads,
             head_dim,
-            inter: cfg.usize("intermediate_size")?,
-            vocab: cfg.usize("vocab_size")?,
-            eps: cfg.f64_or("rms_norm_eps", 1e-6)? as f32,
-            context: cfg.usize_or("max_position_embeddings", 32_768)?,
+            inter: cfg.width("intermediate_size")?,
+            vocab: cfg.vocab_size()?,
+            eps: cfg.rms_norm_eps(1e-6)?,
+            context: cfg.context_length(32_768)?,
             gdn,
             full_attention: layer_kinds(cfg, layers)?,
             rope: rope(cfg, head_dim)?,
@@ -319,12 +319,14 @@ fn rope(cfg: &ModelConfig, head_dim: usize) -> Result<Rope> {
     let rot = (head_dim as f64 * partial) as usize;
     ensure!(
         partial > 0.0 && rot <= head_dim && rot >= 2 && rot.is_multiple_of(2),
-        "{file}: `partial_rotary_factor` {partial} × head_dim {head_dim} must give an even number of rotated dims in 2..={head_dim}"
+        "{file}: `partial_rotary_factor` {partial:?} × head_dim {head_dim} must give an even number of rotated dims in 2..={head_dim}"
     );
-    ensure!(
-        theta > 0.0,
-        "{file}: field `rope_theta` must be positive, got {theta}"
-    );
+    let field = if params.is_some_and(|p| p.get("rope_theta").is_some()) {
+        "rope_parameters.rope_theta"
+    } else {
+        "rope_theta"
+    };
+    let theta = crate::config::limits::check_rope_theta(cfg, field, theta)?;
     Ok(Rope::new(theta, rot, RopeLayout::HalfSplit))
 }
 
@@ -436,6 +438,12 @@ impl Loader<'_> {
             })
             .max()
             .map_or(0, |m| m + 1);
+        ensure!(
+            count <= crate::config::limits::MAX_LAYERS,
+            "{}: tensor names `{layers_prefix}N.*` go up to layer {}, more than any model has",
+            self.store.dir().display(),
+            count - 1
+        );
         Ok(Some(MtpHead {
             fc: self.linear(&format!("{prefix}.fc"), s.hidden, 2 * s.hidden)?,
             pre_fc_norm_embedding: self

@@ -29,17 +29,45 @@ impl ChatMessage {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Template instructions one render may run. Real templates (Qwen3's, with tools) use a few
+/// thousand per message; a template that loops without end runs out instead of hanging.
+const FUEL: u64 = 20_000_000;
+
+/// Rendered bytes allowed beyond the messages' own text (templates add a few hundred per turn).
+const RENDER_OVERHEAD: usize = 1 << 20;
+
+/// Collects rendered output up to a limit, then refuses more (which stops the render).
+struct Capped {
+    out: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A compiled chat template; `origin` (file and field) names it in errors.
-pub(crate) struct ChatTemplate {
+pub struct ChatTemplate {
     env: Environment<'static>,
     origin: String,
 }
 
 impl ChatTemplate {
-    pub(crate) fn new(source: String, origin: String) -> Result<ChatTemplate> {
+    pub fn new(source: String, origin: String) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
@@ -53,7 +81,7 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, origin })
     }
 
-    pub(crate) fn render(
+    pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
@@ -71,8 +99,30 @@ impl ChatTemplate {
             eos_token => eos_token.unwrap_or(""),
             tools => minijinja::Value::from(()),
         };
-        tmpl.render(ctx)
-            .map_err(|e| anyhow!("{}: chat template failed: {}", self.origin, describe(&e)))
+        let text_len: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
+        let limit = RENDER_OVERHEAD + 2 * text_len;
+        let mut out = Capped {
+            out: Vec::new(),
+            limit,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WriteFailure => bail!(
+                "{}: chat template rendered more than {limit} bytes for {text_len} bytes of messages",
+                self.origin
+            ),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+                "{}: chat template ran out of its budget of {FUEL} instructions (does it loop \
+                 without end?)",
+                self.origin
+            ),
+            Err(e) => bail!("{}: chat template failed: {}", self.origin, describe(&e)),
+        }
+        String::from_utf8(out.out)
+            .map_err(|_| anyhow!("{}: chat template rendered invalid UTF-8", self.origin))
     }
 }
 
@@ -97,16 +147,15 @@ pub(crate) fn find_template(
     cfg_path: &Path,
 ) -> Result<Option<(String, String)>> {
     let jinja = dir.join("chat_template.jinja");
-    if jinja.is_file() {
-        let src = std::fs::read_to_string(&jinja)
-            .map_err(|e| anyhow!("{}: cannot read: {e}", jinja.display()))?;
+    if crate::files::exists(&jinja) {
+        let src = crate::files::read_text(&jinja, crate::files::MAX_CONFIG_BYTES)?;
         return Ok(Some((src, jinja.display().to_string())));
     }
     if let Some(found) = template_field(cfg, cfg_path)? {
         return Ok(Some(found));
     }
     let json = dir.join("chat_template.json");
-    if json.is_file() {
+    if crate::files::exists(&json) {
         return template_field(&read_json(&json)?, &json);
     }
     Ok(None)

@@ -3,7 +3,7 @@
 
 mod chat;
 
-pub use chat::ChatMessage;
+pub use chat::{ChatMessage, ChatTemplate};
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +11,6 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
 use crate::config::{read_json, short};
-use chat::ChatTemplate;
 
 pub struct Tokenizer {
     dir: PathBuf,
@@ -26,18 +25,30 @@ impl Tokenizer {
     /// present.
     pub fn load(dir: &Path) -> Result<Tokenizer> {
         let tok_path = dir.join("tokenizer.json");
-        if !tok_path.is_file() {
+        if !crate::files::exists(&tok_path) {
             bail!(
                 "{}: missing (only the Hugging Face fast-tokenizer format is supported; a \
                  tokenizer.model alone is not enough)",
                 tok_path.display()
             );
         }
-        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+        let text = crate::files::read_text(&tok_path, crate::files::MAX_TOKENIZER_BYTES)?;
+        // tokenizers 0.22 panics on some malformed JSON (a syntax error inside `decoder`, found
+        // by fuzz/tokenizer_json): check the syntax first, and turn any other panic of its
+        // parser into an error naming the file.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)
+            .map_err(|e| anyhow!("{}: not valid JSON: {e}", tok_path.display()))?;
+        let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(text.as_bytes()))
+            .map_err(|_| {
+                anyhow!(
+                    "{}: cannot load: the tokenizers crate panicked on it",
+                    tok_path.display()
+                )
+            })?
             .map_err(|e| anyhow!("{}: cannot load: {e}", tok_path.display()))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.is_file() {
+        let cfg = if crate::files::exists(&cfg_path) {
             read_json(&cfg_path)?
         } else {
             Value::Object(Default::default())

@@ -36,10 +36,10 @@ impl WeightStore {
             );
         }
         let index_path = dir.join(INDEX);
-        if index_path.exists() {
+        if crate::files::exists(&index_path) {
             return WeightStore::open_indexed(dir, &index_path);
         }
-        let paths = if dir.join(SINGLE).is_file() {
+        let paths = if crate::files::exists(&dir.join(SINGLE)) {
             vec![dir.join(SINGLE)]
         } else {
             let mut all = safetensors_in(dir)?;
@@ -87,8 +87,7 @@ impl WeightStore {
 
     fn open_indexed(dir: &Path, index_path: &Path) -> Result<WeightStore> {
         let shown = index_path.display();
-        let text =
-            std::fs::read_to_string(index_path).with_context(|| format!("{shown}: cannot read"))?;
+        let text = crate::files::read_text(index_path, crate::files::MAX_CONFIG_BYTES)?;
         let root: Value =
             serde_json::from_str(&text).with_context(|| format!("{shown}: not valid JSON"))?;
         let map = match root.get("weight_map") {
@@ -119,7 +118,7 @@ impl WeightStore {
         let mut file_idx = HashMap::new();
         for (shard, example) in &shards {
             let path = dir.join(shard);
-            if !path.is_file() {
+            if !crate::files::exists(&path) {
                 bail!(
                     "{shown}: shard `{shard}` (holding `{example}` and others) is missing from {}",
                     dir.display()
@@ -328,7 +327,8 @@ fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
         let path = entry
             .with_context(|| format!("{}: cannot list", dir.display()))?
             .path();
-        if path.is_file() && file_name(&path).ends_with(".safetensors") {
+        // Anything named *.safetensors is opened (and refused there if it is not a plain file).
+        if !path.is_dir() && file_name(&path).ends_with(".safetensors") {
             out.push(path);
         }
     }

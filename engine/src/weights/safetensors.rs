@@ -1,20 +1,22 @@
-//! A safetensors reader (and a small writer for synthetic checkpoints). Written by hand rather
-//! than taken from the `safetensors` crate so that every malformation is reported with the file
-//! and the tensor it concerns.
+//! safetensors files read with the `safetensors` crate over a memory map: the crate validates
+//! the header (its length, JSON, dtypes, offsets that tile the data section exactly with no
+//! overlap, gap or trailing byte); tensors are then zero-copy views of the mapping. When the
+//! crate refuses a file, [`explain`] turns its terse error into one naming the file and, where
+//! one is to blame, the tensor and its field.
 //!
 //! Layout: an 8-byte little-endian header length `n`, `n` bytes of JSON mapping each tensor name
 //! to `{dtype, shape, data_offsets: [begin, end]}` (offsets relative to the byte after the
 //! header) plus an optional `__metadata__` string map, then the data.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use kernels::{ByteOwner, Bytes, DType, Tensor};
 use memmap2::Mmap;
+use safetensors::tensor::{Metadata, SafeTensorError, TensorInfo as StInfo};
+use safetensors::SafeTensors;
 use serde_json::Value;
 
 /// A memory-mapped file as the owner of tensor bytes, so tensors view the page cache directly.
@@ -45,9 +47,9 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Maps `path` and parses its header.
+    /// Maps `path` (a regular file) and parses its header.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
-        let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let file = crate::files::open_regular(path)?;
         let size = file
             .metadata()
             .with_context(|| format!("{}: cannot read file size", path.display()))?
@@ -69,48 +71,35 @@ impl SafetensorsFile {
     pub fn parse(path: &Path, bytes: Bytes) -> Result<SafetensorsFile> {
         let file = path.display();
         let data = bytes.as_slice();
-        if data.len() < 8 {
-            bail!(
-                "{file}: {} bytes is too short for a safetensors file (needs an 8-byte header \
-                 length)",
-                data.len()
-            );
+        // The crate keeps the last of two entries with one name; refuse them first.
+        if let Some(name) = header_json(data).and_then(duplicate_name) {
+            bail!("{file}: tensor `{name}` is listed twice in the header");
         }
-        let header_len = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
-        let available = (data.len() - 8) as u64;
-        if header_len > available {
-            bail!(
-                "{file}: header length {header_len} is larger than the {available} bytes that \
-                 follow it (truncated file, or not a safetensors file)"
-            );
-        }
-        let header_end = 8 + header_len as usize;
-        let header: Value = serde_json::from_slice(&data[8..header_end])
-            .map_err(|e| anyhow!("{file}: header is not valid JSON: {e}"))?;
-        let Value::Object(entries) = header else {
-            bail!("{file}: header must be a JSON object");
-        };
-        let data_len = data.len() - header_end;
-        let mut metadata = BTreeMap::new();
+        let (n, meta) = SafeTensors::read_metadata(data).map_err(|e| explain(path, data, e))?;
+        let header_end = 8 + n;
         let mut tensors = BTreeMap::new();
-        for (name, entry) in entries {
-            if name == "__metadata__" {
-                metadata = parse_metadata(&entry).map_err(|e| anyhow!("{file}: {e}"))?;
-                continue;
-            }
-            let info = parse_entry(&entry, data_len)
-                .map_err(|e| anyhow!("{file}: tensor `{name}`: {e}"))?;
+        for (name, info) in meta.tensors() {
+            let st_name = info.dtype.to_string();
+            let dtype = DType::from_safetensors_name(&st_name).ok_or_else(|| {
+                anyhow!(
+                    "{file}: tensor `{name}`: unsupported dtype `{st_name}` (supported: F32, F16, \
+                     BF16, F64, U32, U8, I32, I64)"
+                )
+            })?;
+            let (begin, end) = info.data_offsets;
             tensors.insert(
                 name,
                 TensorInfo {
-                    start: header_end + info.start,
-                    ..info
+                    dtype,
+                    shape: info.shape.clone(),
+                    start: header_end + begin,
+                    len: end - begin,
                 },
             );
         }
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
-            metadata,
+            metadata: string_metadata(&meta),
             tensors,
             bytes,
         })
@@ -136,132 +125,169 @@ impl SafetensorsFile {
     }
 }
 
-fn parse_metadata(v: &Value) -> Result<BTreeMap<String, String>> {
-    let Value::Object(map) = v else {
-        bail!("`__metadata__` must be an object of strings");
-    };
-    map.iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => Ok((k.clone(), s.clone())),
-            other => bail!("`__metadata__.{k}` must be a string, got {other}"),
-        })
+fn string_metadata(meta: &Metadata) -> BTreeMap<String, String> {
+    meta.metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
 
-/// Parses one header entry; `start` is relative to the data section.
-fn parse_entry(v: &Value, data_len: usize) -> Result<TensorInfo> {
-    let Value::Object(obj) = v else {
-        bail!("entry must be an object with dtype, shape and data_offsets");
-    };
-    let dtype_name = match obj.get("dtype") {
-        Some(Value::String(s)) => s.as_str(),
-        Some(other) => bail!("`dtype` must be a string, got {other}"),
-        None => bail!("`dtype` is missing"),
-    };
-    let dtype = DType::from_safetensors_name(dtype_name).ok_or_else(|| {
-        anyhow!(
-            "unsupported dtype `{dtype_name}` (supported: F32, F16, BF16, F64, U32, U8, I32, I64)"
-        )
-    })?;
-    let shape = match obj.get("shape") {
-        Some(Value::Array(dims)) => dims
-            .iter()
-            .map(|d| {
-                d.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| {
-                        anyhow!("`shape` entries must be non-negative integers, got {d}")
-                    })
-            })
-            .collect::<Result<Vec<usize>>>()?,
-        Some(other) => bail!("`shape` must be a list of integers, got {other}"),
-        None => bail!("`shape` is missing"),
-    };
-    let offsets = match obj.get("data_offsets") {
-        Some(Value::Array(o)) if o.len() == 2 => {
-            let mut ends = [0usize; 2];
-            for (slot, v) in ends.iter_mut().zip(o) {
-                *slot = v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| {
-                        anyhow!("`data_offsets` must be two non-negative integers, got {v}")
-                    })?;
-            }
-            ends
-        }
-        Some(other) => bail!("`data_offsets` must be [begin, end], got {other}"),
-        None => bail!("`data_offsets` is missing"),
-    };
-    let [begin, end] = offsets;
-    if begin > end {
-        bail!("`data_offsets` [{begin}, {end}] end before they begin");
-    }
-    if end > data_len {
-        bail!(
-            "`data_offsets` [{begin}, {end}] run past the end of the data section ({data_len} \
-             bytes; truncated file?)"
-        );
-    }
-    let want = shape
-        .iter()
-        .try_fold(dtype.size_in_bytes(), |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| anyhow!("shape {shape:?} is too large"))?;
-    if end - begin != want {
-        bail!(
-            "`data_offsets` [{begin}, {end}] hold {} bytes, but {dtype_name} {shape:?} needs {want}",
-            end - begin
-        );
-    }
-    Ok(TensorInfo {
-        dtype,
-        shape,
-        start: begin,
-        len: end - begin,
-    })
+/// The header's JSON bytes, when the length prefix points inside the file.
+fn header_json(data: &[u8]) -> Option<&[u8]> {
+    let n = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
+    data.get(8..8usize.checked_add(usize::try_from(n).ok()?)?)
 }
 
-/// Writes `tensors` (in the given order) as one safetensors file; used for synthetic
-/// checkpoints. Tensors of any dtype are written as stored.
-pub fn write(
-    path: &Path,
-    tensors: &[(String, Tensor)],
-    metadata: &BTreeMap<String, String>,
-) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    if !metadata.is_empty() {
-        header.insert("__metadata__".into(), serde_json::to_value(metadata)?);
-    }
-    let mut blobs: Vec<&[u8]> = Vec::with_capacity(tensors.len());
-    let mut offset = 0usize;
-    for (name, t) in tensors {
-        let raw = t
-            .raw_bytes()
-            .map_err(|e| anyhow!("{}: tensor `{name}`: {e}", path.display()))?;
-        header.insert(
-            name.clone(),
-            serde_json::json!({
-                "dtype": t.dtype().safetensors_name(),
-                "shape": t.shape(),
-                "data_offsets": [offset, offset + raw.len()],
-            }),
-        );
-        offset += raw.len();
-        blobs.push(raw);
-    }
-    let mut json = serde_json::to_vec(&Value::Object(header))?;
-    // Pad the header with spaces so the data starts 8-byte aligned and maps in place.
-    while (8 + json.len()) % 8 != 0 {
-        json.push(b' ');
-    }
-    let write = || -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::new(File::create(path)?);
-        f.write_all(&(json.len() as u64).to_le_bytes())?;
-        f.write_all(&json)?;
-        for b in &blobs {
-            f.write_all(b)?;
+/// The first name that appears twice among the header's top-level keys (serde_json and the
+/// crate silently keep the last one).
+fn duplicate_name(header: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
         }
-        f.flush()
-    };
-    write().with_context(|| format!("{}: cannot write", path.display()))
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) {
+                    return Ok(Some(key));
+                }
+            }
+            Ok(None)
+        }
+    }
+    serde_json::Deserializer::from_slice(header)
+        .deserialize_map(Keys)
+        .ok()
+        .flatten()
+}
+
+/// The crate's refusal of `data`, restated with the file and, where one is to blame, the tensor.
+fn explain(path: &Path, data: &[u8], e: SafeTensorError) -> anyhow::Error {
+    let file = path.display();
+    let header = header_json(data);
+    let declared = data
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    match e {
+        SafeTensorError::HeaderTooSmall => anyhow!(
+            "{file}: {} bytes is too short for a safetensors file (needs an 8-byte header length)",
+            data.len()
+        ),
+        SafeTensorError::HeaderTooLarge | SafeTensorError::InvalidHeaderLength
+            if header.is_none() =>
+        {
+            anyhow!(
+                "{file}: header length {} is larger than the {} bytes that follow it (truncated \
+                 file, or not a safetensors file)",
+                declared.unwrap_or(0),
+                data.len().saturating_sub(8)
+            )
+        }
+        SafeTensorError::HeaderTooLarge => anyhow!(
+            "{file}: header length {} is over the safetensors limit of 100 MB",
+            declared.unwrap_or(0)
+        ),
+        SafeTensorError::InvalidHeader(u) => anyhow!("{file}: header is not UTF-8 text: {u}"),
+        other => {
+            let Some(header) = header else {
+                return anyhow!("{file}: {other}");
+            };
+            let data_len = data.len() - 8 - header.len();
+            match serde_json::from_slice::<Value>(header) {
+                Err(e) => anyhow!("{file}: header is not valid JSON: {e}"),
+                Ok(Value::Object(map)) => blame(&file.to_string(), &map, data_len)
+                    .unwrap_or_else(|| anyhow!("{file}: {other}")),
+                Ok(_) => anyhow!("{file}: header must be a JSON object"),
+            }
+        }
+    }
+}
+
+/// Finds what is wrong in a header the crate refused: an entry that does not parse, a size that
+/// does not match its dtype and shape, offsets that do not tile the data section, or a data
+/// section of another length than the tensors cover.
+fn blame(
+    file: &str,
+    map: &serde_json::Map<String, Value>,
+    data_len: usize,
+) -> Option<anyhow::Error> {
+    let mut infos = Vec::new();
+    for (name, v) in map {
+        if name == "__metadata__" {
+            if let Err(e) = serde_json::from_value::<BTreeMap<String, String>>(v.clone()) {
+                return Some(anyhow!(
+                    "{file}: `__metadata__` must map strings to strings: {e}"
+                ));
+            }
+            continue;
+        }
+        match serde_json::from_value::<StInfo>(v.clone()) {
+            Ok(info) => infos.push((name, info)),
+            Err(e) => {
+                return Some(anyhow!(
+                    "{file}: tensor `{name}`: {e} (an entry is {{\"dtype\", \"shape\", \
+                     \"data_offsets\": [begin, end]}})"
+                ))
+            }
+        }
+    }
+    infos.sort_by_key(|(_, i)| i.data_offsets);
+    let mut at = 0usize;
+    for (name, info) in &infos {
+        let (begin, end) = info.data_offsets;
+        let shape = &info.shape;
+        let dtype = info.dtype;
+        if begin != at || end < begin {
+            let why = if end < begin {
+                "end before they begin".to_string()
+            } else if begin < at {
+                format!("overlap the tensor before, which ends at {at}")
+            } else {
+                format!("leave a gap after the tensor before, which ends at {at}")
+            };
+            return Some(anyhow!(
+                "{file}: tensor `{name}`: `data_offsets` [{begin}, {end}] {why}"
+            ));
+        }
+        let bits = shape
+            .iter()
+            .try_fold(dtype.bitsize(), |acc, &d| acc.checked_mul(d));
+        match bits {
+            None => {
+                return Some(anyhow!(
+                    "{file}: tensor `{name}`: shape {shape:?} of {dtype} overflows"
+                ))
+            }
+            Some(b) if b % 8 != 0 || b / 8 != end - begin => {
+                return Some(anyhow!(
+                    "{file}: tensor `{name}`: `data_offsets` [{begin}, {end}] hold {} bytes, but \
+                     {dtype} {shape:?} needs {}",
+                    end - begin,
+                    b as f64 / 8.0
+                ))
+            }
+            Some(_) => {}
+        }
+        at = end;
+    }
+    if at > data_len {
+        let name = infos.last().map_or("?", |(n, _)| n.as_str());
+        return Some(anyhow!(
+            "{file}: tensor `{name}`: `data_offsets` run to byte {at}, past the end of the data \
+             section ({data_len} bytes; truncated file?)"
+        ));
+    }
+    if at < data_len {
+        return Some(anyhow!(
+            "{file}: {} trailing bytes after the last tensor's data (the tensors cover {at} of \
+             the {data_len} data bytes)",
+            data_len - at
+        ));
+    }
+    None
 }

@@ -274,7 +274,7 @@ mod tests {
     fn nmse_matches_the_formula() {
         assert_eq!(nmse(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
         // (0.5² + 0²) / (1² + 2²) = 0.05
-        assert!((nmse(&[1.0, 2.0], &[1.5, 2.0]) - 0.05).abs() < 1e-15);
+        approx::assert_relative_eq!(nmse(&[1.0, 2.0], &[1.5, 2.0]), 0.05, max_relative = 1e-14);
         assert_eq!(nmse(&[0.0], &[1.0]), f64::INFINITY);
         assert!(nmse(&[f32::NAN], &[1.0]).is_nan());
     }

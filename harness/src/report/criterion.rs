@@ -92,7 +92,7 @@ pub fn read_criterion(dir: &Path) -> Result<Vec<Measurement>> {
         let sample: Sample = read_json(&file.with_file_name("sample.json"))?;
         for (repeat, (iters, ns)) in sample.iters.iter().zip(&sample.times).enumerate() {
             let ttft_ms = ns / iters.max(1.0) / 1e6;
-            rows.push(Measurement {
+            let row = Measurement {
                 machine: machine.clone(),
                 backend: machine::backend(),
                 commit: None,
@@ -108,7 +108,14 @@ pub fn read_criterion(dir: &Path) -> Result<Vec<Measurement>> {
                 prefill_tokens_per_s: len as f64 / (ttft_ms / 1e3),
                 decode_tokens_per_s: f64::NAN,
                 output_sha256: None,
-            });
+            };
+            row.check().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: sample {repeat}: {e}",
+                    file.with_file_name("sample.json").display()
+                )
+            })?;
+            rows.push(row);
         }
     }
     if rows.is_empty() {

@@ -18,7 +18,6 @@ use anyhow::{Context, Result};
 pub use compare::{compare, Comparison, Parity, Row, Side, Sides};
 use plot::{ChartPoint, ChartSeries, LineChart};
 pub use stats::{Crossover, Summary};
-use tables::fmt_ms;
 
 /// The TTFT-vs-length chart: one curve per value along the compared dimension (and group).
 pub fn ttft_chart(c: &Comparison) -> LineChart {
@@ -35,14 +34,6 @@ pub fn ttft_chart(c: &Comparison) -> LineChart {
                     y: t.median,
                     lo: t.p10,
                     hi: t.p90,
-                    tip: format!(
-                        "{}: {len} tokens, TTFT {} ms (p10 {}, p90 {}, n={})",
-                        s.name,
-                        fmt_ms(t.median),
-                        fmt_ms(t.p10),
-                        fmt_ms(t.p90),
-                        t.n
-                    ),
                 })
                 .collect(),
         })
@@ -51,7 +42,6 @@ pub fn ttft_chart(c: &Comparison) -> LineChart {
         title: "Time to first token vs prompt length".into(),
         x_label: "prompt tokens (log scale)".into(),
         y_label: "TTFT ms (median, p10-p90; log)".into(),
-        x_log: true,
         y_log: true,
         series,
         reference: None,
@@ -82,7 +72,6 @@ pub fn speedup_chart(c: &Comparison) -> Option<LineChart> {
                         y: s,
                         lo: b.ttft_ms.p10 / k.ttft_ms.p90,
                         hi: b.ttft_ms.p90 / k.ttft_ms.p10,
-                        tip: format!("{} tokens: speedup {s:.3}", r.prompt_tokens),
                     })
                 })
                 .collect(),
@@ -93,7 +82,6 @@ pub fn speedup_chart(c: &Comparison) -> Option<LineChart> {
         title: format!("Speedup of {compare} over {}", c.baseline),
         x_label: "prompt tokens (log scale)".into(),
         y_label: "speedup (baseline TTFT / compare TTFT)".into(),
-        x_log: true,
         y_log: false,
         series,
         reference: Some((1.0, "1.0 = same speed".into())),

@@ -103,7 +103,9 @@ mod tests {
     fn percentiles_interpolate_like_numpy() {
         // numpy.percentile([1, 2, 3, 4], [10, 50, 90]) = [1.3, 2.5, 3.7]
         let s = Summary::of(&mut [4.0, 1.0, 3.0, 2.0]);
-        assert!((s.p10 - 1.3).abs() < 1e-12 && s.median == 2.5 && (s.p90 - 3.7).abs() < 1e-12);
+        approx::assert_relative_eq!(s.p10, 1.3, max_relative = 1e-12);
+        assert_eq!(s.median, 2.5);
+        approx::assert_relative_eq!(s.p90, 3.7, max_relative = 1e-12);
         assert_eq!((s.min, s.max, s.n), (1.0, 4.0, 4));
         let one = Summary::of(&mut [7.5]);
         assert_eq!((one.p10, one.median, one.p90), (7.5, 7.5, 7.5));

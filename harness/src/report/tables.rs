@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::compare::{Comparison, Row, Side};
+use super::compare::{Comparison, Side};
 
 /// Milliseconds to about three significant digits.
 pub fn fmt_ms(x: f64) -> String {
@@ -131,14 +131,6 @@ pub fn markdown(c: &Comparison, plots: &[(&str, &str)]) -> String {
     md
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 fn num(x: f64) -> String {
     if x.is_finite() {
         // `{}` prints the shortest text that reads back as the same f64.
@@ -188,8 +180,10 @@ pub fn csv(c: &Comparison) -> String {
         }
     }
     header.extend(["speedup".into(), "parity".into()]);
-    let mut out = header.join(",") + "\n";
-    let row_fields = |r: &Row| -> Vec<String> {
+    // In memory: a write to a Vec cannot fail, and csv quotes what needs quoting.
+    let mut out = csv::Writer::from_writer(Vec::new());
+    out.write_record(&header).expect("writing to memory");
+    for r in &c.rows {
         let mut f = vec![r.model.clone(), r.prompt_tokens.to_string()];
         f.extend(dims.iter().map(|d| r.keys[d].clone()));
         f.push(c.baseline.clone());
@@ -198,13 +192,9 @@ pub fn csv(c: &Comparison) -> String {
         f.extend(side_fields(r.compare.as_ref()));
         f.push(r.speedup.map(num).unwrap_or_default());
         f.push(r.parity.map(|p| p.name().to_string()).unwrap_or_default());
-        f
-    };
-    for r in &c.rows {
-        let fields: Vec<String> = row_fields(r).iter().map(|s| csv_field(s)).collect();
-        out += &(fields.join(",") + "\n");
+        out.write_record(&f).expect("writing to memory");
     }
-    out
+    String::from_utf8(out.into_inner().expect("writing to memory")).expect("fields are UTF-8")
 }
 
 /// The comparison as one JSON document, with the crossover sentences.
@@ -232,8 +222,6 @@ mod tests {
         assert_eq!(fmt_ms(12.345), "12.3");
         assert_eq!(fmt_ms(1.2345), "1.23");
         assert_eq!(fmt_ms(f64::NAN), "-");
-        assert_eq!(csv_field("AMD EPYC, 2"), "\"AMD EPYC, 2\"");
-        assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
         assert_eq!(num(0.1), "0.1");
     }
 }

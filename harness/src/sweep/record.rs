@@ -41,8 +41,37 @@ pub struct Measurement {
     pub output_sha256: Option<String>,
 }
 
-/// Reads a jsonl file of measurements; blank lines are skipped, a bad line is an error that
-/// names the file and line.
+/// The longest TTFT a report accepts (about 11.6 days): anything longer is a unit mistake or a
+/// corrupt file, and would stretch the plots' log axes over meaningless decades.
+pub const MAX_TTFT_MS: f64 = 1e9;
+
+impl Measurement {
+    /// Whether the timings are ones a report can table and plot: TTFT in (0, MAX_TTFT_MS] ms,
+    /// a prompt of at least one token, throughputs non-negative (NaN: not measured).
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.ttft_ms > 0.0 && self.ttft_ms <= MAX_TTFT_MS) {
+            return Err(format!(
+                "`ttft_ms` = {} is not a time in (0, {MAX_TTFT_MS:e}] ms",
+                self.ttft_ms
+            ));
+        }
+        if self.prompt_tokens == 0 {
+            return Err("`prompt_tokens` = 0: a TTFT needs a prompt".into());
+        }
+        for (field, v) in [
+            ("prefill_tokens_per_s", self.prefill_tokens_per_s),
+            ("decode_tokens_per_s", self.decode_tokens_per_s),
+        ] {
+            if v.is_infinite() || v < 0.0 {
+                return Err(format!("`{field}` = {v} is not a rate"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a jsonl file of measurements; blank lines are skipped, a bad line (malformed, or with
+/// timings no report can show) is an error that names the file and line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut rows = Vec::new();
@@ -53,6 +82,8 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>> {
         }
         let row: Measurement = serde_json::from_str(&line)
             .with_context(|| format!("{}:{}: not a sweep measurement", path.display(), i + 1))?;
+        row.check()
+            .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), i + 1))?;
         rows.push(row);
     }
     Ok(rows)

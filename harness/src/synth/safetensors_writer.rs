@@ -1,18 +1,19 @@
-//! A streaming safetensors writer with sharding.
+//! Sharded safetensors files written with the `safetensors` crate.
 //!
-//! The format: an 8-byte little-endian header length, a JSON header mapping each tensor name to
-//! `{dtype, shape, data_offsets}` (offsets relative to the end of the header), then the raw data.
-//! Offsets depend only on names, dtypes and shapes, so the whole layout — shards included — is
-//! planned before any value exists, and tensors are then streamed into place one at a time.
-//! Headers are sorted by name and padded with spaces to a multiple of 8 (as the reference
-//! implementation does, so the data that follows stays aligned).
+//! Tensors are split over files by name (each file holds a contiguous range of the sorted
+//! names), and each file is written by the crate, which lays it out (entries by descending
+//! dtype alignment, then name; header padded to 8 bytes so the data maps in place) and asks each
+//! tensor for its bytes only when it writes them. A [`Lazy`] view produces those bytes then, so
+//! memory stays near the size of the largest tensor.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, Result};
 use kernels::DType;
+use safetensors::tensor::{Dtype, View};
 use serde_json::{json, Map, Value};
 
 /// One stored tensor: name, element type and shape.
@@ -29,66 +30,24 @@ impl TensorEntry {
     }
 }
 
-/// The planned layout of one `.safetensors` file.
+/// The tensors of one `.safetensors` file.
 #[derive(Debug, Clone)]
-pub struct FileLayout {
+pub struct Shard {
     pub file_name: String,
-    /// Tensors in data order (= header order, sorted by name).
+    /// Sorted by name.
     pub entries: Vec<TensorEntry>,
-    header: Vec<u8>,
 }
 
-impl FileLayout {
-    /// Lays out `entries` (any order; they are sorted here) with `metadata` as `__metadata__`.
-    pub fn new(file_name: String, mut entries: Vec<TensorEntry>, metadata: &Value) -> Result<Self> {
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        if let Some(w) = entries.windows(2).find(|w| w[0].name == w[1].name) {
-            bail!("{file_name}: tensor `{}` planned twice", w[0].name);
-        }
-        let mut header = Map::new();
-        header.insert("__metadata__".into(), metadata.clone());
-        let mut offset = 0u64;
-        for e in &entries {
-            let end = offset + e.nbytes();
-            header.insert(
-                e.name.clone(),
-                json!({
-                    "dtype": e.dtype.safetensors_name(),
-                    "shape": e.shape,
-                    "data_offsets": [offset, end],
-                }),
-            );
-            offset = end;
-        }
-        let mut header = serde_json::to_vec(&Value::Object(header))?;
-        while header.len() % 8 != 0 {
-            header.push(b' ');
-        }
-        Ok(FileLayout {
-            file_name,
-            entries,
-            header,
-        })
-    }
-
+impl Shard {
     pub fn data_bytes(&self) -> u64 {
         self.entries.iter().map(TensorEntry::nbytes).sum()
-    }
-
-    pub fn file_bytes(&self) -> u64 {
-        8 + self.header.len() as u64 + self.data_bytes()
     }
 }
 
 /// Splits `entries` over files of at most `max_shard_bytes` of tensor data each (a tensor larger
-/// than the limit gets a file of its own), in name order so each file holds a contiguous range
-/// of names. One file is named `model.safetensors`; several are
-/// `model-00001-of-0000N.safetensors`, as transformers and mlx-lm name them.
-pub fn plan_shards(
-    mut entries: Vec<TensorEntry>,
-    max_shard_bytes: u64,
-    metadata: &Value,
-) -> Result<Vec<FileLayout>> {
+/// than the limit gets a file of its own), in name order. One file is named `model.safetensors`;
+/// several are `model-00001-of-0000N.safetensors`, as transformers and mlx-lm name them.
+pub fn plan_shards(mut entries: Vec<TensorEntry>, max_shard_bytes: u64) -> Vec<Shard> {
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     let mut groups: Vec<Vec<TensorEntry>> = vec![Vec::new()];
     let mut size = 0u64;
@@ -105,20 +64,20 @@ pub fn plan_shards(
     groups
         .into_iter()
         .enumerate()
-        .map(|(i, g)| {
-            let name = if n == 1 {
+        .map(|(i, entries)| Shard {
+            file_name: if n == 1 {
                 "model.safetensors".to_string()
             } else {
                 format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
-            };
-            FileLayout::new(name, g, metadata)
+            },
+            entries,
         })
         .collect()
 }
 
 /// `model.safetensors.index.json` for a sharded checkpoint: `metadata.total_size` (bytes of
 /// tensor data) and a `weight_map` from each tensor name to its file, sorted by name.
-pub fn index_json(files: &[FileLayout], total_parameters: u64) -> Value {
+pub fn index_json(files: &[Shard], total_parameters: u64) -> Value {
     let mut names: Vec<(&str, &str)> = files
         .iter()
         .flat_map(|f| {
@@ -132,74 +91,99 @@ pub fn index_json(files: &[FileLayout], total_parameters: u64) -> Value {
         .into_iter()
         .map(|(t, f)| (t.to_string(), Value::String(f.to_string())))
         .collect();
-    let total_size: u64 = files.iter().map(FileLayout::data_bytes).sum();
+    let total_size: u64 = files.iter().map(Shard::data_bytes).sum();
     json!({
         "metadata": {"total_size": total_size, "total_parameters": total_parameters},
         "weight_map": weight_map,
     })
 }
 
-/// Writes one planned file: the header at creation, then each tensor's bytes in layout order.
-pub struct FileWriter {
-    path: PathBuf,
-    out: BufWriter<File>,
-    layout: FileLayout,
-    next: usize,
+/// Makes the bytes of a stored tensor when the writer reaches it.
+pub type Source<'a> = dyn Fn(&TensorEntry) -> Result<Vec<u8>> + 'a;
+
+/// A tensor whose bytes are made by `source` when the crate writes it. The crate's `View` cannot
+/// fail, so the first error is kept in `failed` and reported once the file is written.
+struct Lazy<'a> {
+    entry: &'a TensorEntry,
+    dtype: Dtype,
+    source: &'a Source<'a>,
+    failed: &'a Mutex<Option<anyhow::Error>>,
 }
 
-impl FileWriter {
-    pub fn create(dir: &Path, layout: FileLayout) -> Result<FileWriter> {
-        let path = dir.join(&layout.file_name);
-        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&(layout.header.len() as u64).to_le_bytes())
-            .and_then(|_| out.write_all(&layout.header))
-            .with_context(|| format!("writing {}", path.display()))?;
-        Ok(FileWriter {
-            path,
-            out,
-            layout,
-            next: 0,
-        })
+impl View for Lazy<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
     }
 
-    /// Appends the data of `name`, which must be the next tensor of the layout.
-    pub fn write_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
-        let Some(want) = self.layout.entries.get(self.next) else {
-            bail!("{}: no room for tensor `{name}`", self.path.display());
+    fn shape(&self) -> &[usize] {
+        &self.entry.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let want = self.entry.nbytes() as usize;
+        let made = (self.source)(self.entry).and_then(|b| {
+            if b.len() == want {
+                Ok(b)
+            } else {
+                Err(anyhow!(
+                    "tensor `{}`: made {} bytes, its dtype and shape need {want}",
+                    self.entry.name,
+                    b.len()
+                ))
+            }
+        });
+        match made {
+            Ok(b) => Cow::Owned(b),
+            Err(e) => {
+                self.failed.lock().expect("not poisoned").get_or_insert(e);
+                // Keeps the layout the header promised; the file is discarded anyway.
+                Cow::Owned(vec![0; want])
+            }
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.entry.nbytes() as usize
+    }
+}
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F64 => Dtype::F64,
+        DType::U32 => Dtype::U32,
+        DType::U8 => Dtype::U8,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+    }
+}
+
+/// Writes `shard` into `dir` with `metadata` as `__metadata__`, asking `source` for each
+/// tensor's bytes in the order the crate writes them.
+pub fn write_shard(
+    dir: &Path,
+    shard: &Shard,
+    metadata: &HashMap<String, String>,
+    source: &Source<'_>,
+) -> Result<()> {
+    let path = dir.join(&shard.file_name);
+    let failed = Mutex::new(None);
+    let views = shard.entries.iter().map(|entry| {
+        let view = Lazy {
+            entry,
+            dtype: st_dtype(entry.dtype),
+            source,
+            failed: &failed,
         };
-        if want.name != name || want.nbytes() != bytes.len() as u64 {
-            bail!(
-                "{}: expected tensor `{}` ({} bytes) next, got `{name}` ({} bytes)",
-                self.path.display(),
-                want.name,
-                want.nbytes(),
-                bytes.len()
-            );
-        }
-        self.out
-            .write_all(bytes)
-            .with_context(|| format!("writing {}", self.path.display()))?;
-        self.next += 1;
-        Ok(())
-    }
-
-    /// Flushes and syncs; fails if a planned tensor was never written.
-    pub fn finish(self) -> Result<()> {
-        if let Some(missing) = self.layout.entries.get(self.next) {
-            bail!(
-                "{}: tensor `{}` was planned but never written",
-                self.path.display(),
-                missing.name
-            );
-        }
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(|| format!("flushing {}", self.path.display()))?;
-        file.sync_all()
-            .with_context(|| format!("syncing {}", self.path.display()))
+        (entry.name.as_str(), view)
+    });
+    safetensors::serialize_to_file(views, Some(metadata.clone()), &path)
+        .map_err(|e| anyhow!("writing {}: {e}", path.display()))?;
+    match failed.into_inner().expect("not poisoned") {
+        Some(e) => Err(e.context(format!("writing {}", path.display()))),
+        None => Ok(()),
     }
 }
 
@@ -216,32 +200,46 @@ mod tests {
     }
 
     #[test]
-    fn header_is_sorted_padded_and_offsets_contiguous() {
-        let meta = json!({"format": "pt"});
-        let l = FileLayout::new(
-            "x.safetensors".into(),
-            vec![
-                entry("b", DType::F32, &[3]),
+    fn files_read_back_with_contiguous_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = Shard {
+            file_name: "x.safetensors".into(),
+            entries: vec![
                 entry("a", DType::BF16, &[2, 3]),
+                entry("b", DType::F32, &[3]),
             ],
-            &meta,
-        )
-        .unwrap();
-        assert_eq!(l.header.len() % 8, 0);
-        let v: Value = serde_json::from_slice(&l.header).unwrap();
-        assert_eq!(v["a"]["data_offsets"], json!([0, 12]));
-        assert_eq!(v["b"]["data_offsets"], json!([12, 24]));
-        assert_eq!(v["a"]["dtype"], "BF16");
+        };
+        let meta = [("format".to_string(), "pt".to_string())].into();
+        let source = |e: &TensorEntry| Ok(vec![e.name.as_bytes()[0]; e.nbytes() as usize]);
+        write_shard(dir.path(), &shard, &meta, &source).unwrap();
+        let raw = std::fs::read(dir.path().join("x.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&raw).unwrap();
+        assert_eq!(st.tensor("a").unwrap().data(), &[b'a'; 12]);
+        assert_eq!(st.tensor("b").unwrap().data(), &[b'b'; 12]);
+        let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+        assert_eq!(n % 8, 0);
+        let v: Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
         assert_eq!(v["__metadata__"]["format"], "pt");
     }
 
     #[test]
+    fn a_failing_source_fails_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = Shard {
+            file_name: "x.safetensors".into(),
+            entries: vec![entry("a", DType::F32, &[2])],
+        };
+        let source = |_: &TensorEntry| Ok(vec![0u8; 3]);
+        let e = write_shard(dir.path(), &shard, &HashMap::new(), &source).unwrap_err();
+        assert!(format!("{e:#}").contains("made 3 bytes"), "{e:#}");
+    }
+
+    #[test]
     fn shards_respect_the_limit_and_name_files() {
-        let meta = json!({"format": "mlx"});
         let es = (0..5)
             .map(|i| entry(&format!("t{i}"), DType::F32, &[10]))
             .collect();
-        let files = plan_shards(es, 80, &meta).unwrap();
+        let files = plan_shards(es, 80);
         assert_eq!(files.len(), 3);
         assert_eq!(files[0].file_name, "model-00001-of-00003.safetensors");
         assert_eq!(files[0].entries.len(), 2);

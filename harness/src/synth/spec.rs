@@ -76,11 +76,13 @@ impl Layout {
     }
 
     /// The safetensors `__metadata__` a checkpoint of this layout carries.
-    pub fn safetensors_metadata(self) -> Value {
-        match self {
-            Layout::Hf => json!({"format": "pt"}),
-            Layout::Mlx => json!({"format": "mlx"}),
-        }
+    pub fn safetensors_metadata(self) -> std::collections::HashMap<String, String> {
+        let format = match self {
+            Layout::Hf => "pt",
+            Layout::Mlx => "mlx",
+        };
+        // One key: the crate writes a map, whose order would otherwise vary between runs.
+        [("format".to_string(), format.to_string())].into()
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -12,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::families;
 use super::plan::ModelPlan;
-use super::safetensors_writer::{index_json, plan_shards, FileWriter};
+use super::safetensors_writer::{index_json, plan_shards, write_shard, TensorEntry};
 use super::spec::{Layout, SynthSpec};
 use super::tokenizer;
 use super::values::{encode, generate, stored_entries};
@@ -187,8 +188,7 @@ fn write_folder(
     let shards = plan_shards(
         stored.iter().flatten().cloned().collect(),
         opts.max_shard_bytes,
-        &layout.safetensors_metadata(),
-    )?;
+    );
     if shards.len() > 1 {
         let params = plan.tensors.iter().map(|t| t.numel() as u64).sum();
         write_json(
@@ -197,36 +197,41 @@ fn write_folder(
             &index_json(&shards, params),
         )?;
     }
-    let shard_of: HashMap<String, usize> = shards
+    let total: u64 = shards.iter().map(|f| f.data_bytes()).sum();
+    let bar = progress_bar(opts.progress && total >= PROGRESS_MIN_BYTES, total, spec);
+    // Stored name → the planned tensor it comes from. A quantized tensor is stored as several
+    // parts of different dtypes, which the crate writes at different times: the parts not asked
+    // for yet wait in `pending` (scales and biases: a small fraction of the weight bytes).
+    let owner: HashMap<&str, usize> = stored
         .iter()
         .enumerate()
-        .flat_map(|(i, f)| f.entries.iter().map(move |e| (e.name.clone(), i)))
+        .flat_map(|(i, parts)| parts.iter().map(move |e| (e.name.as_str(), i)))
         .collect();
-    let total: u64 = shards.iter().map(|f| f.file_bytes()).sum();
-    let bar = progress_bar(opts.progress && total >= PROGRESS_MIN_BYTES, total, spec);
-    let mut writers = shards
-        .into_iter()
-        .map(|f| FileWriter::create(dir, f))
-        .collect::<Result<Vec<_>>>()?;
-
-    // Each file holds a contiguous run of the sorted names, and a tensor's parts are adjacent in
-    // that order, so visiting tensors by their first stored name writes every file front to back.
-    let mut order: Vec<usize> = (0..plan.tensors.len()).collect();
-    order.sort_by(|&a, &b| stored[a][0].name.cmp(&stored[b][0].name));
-    for i in order {
-        let t = &plan.tensors[i];
-        let values = generate(t, spec.seed);
-        let bytes = encode(t, &values, spec.format)?;
-        drop(values);
-        let mut parts: Vec<_> = stored[i].iter().zip(&bytes).collect();
-        parts.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-        for (entry, data) in parts {
-            writers[shard_of[&entry.name]].write_tensor(&entry.name, data)?;
-            bar.inc(data.len() as u64);
+    let pending: Mutex<HashMap<String, Vec<u8>>> = Mutex::new(HashMap::new());
+    let source = |e: &TensorEntry| -> Result<Vec<u8>> {
+        bar.inc(e.nbytes());
+        if let Some(b) = pending.lock().expect("not poisoned").remove(&e.name) {
+            return Ok(b);
         }
-    }
-    for w in writers {
-        w.finish()?;
+        let i = owner[e.name.as_str()];
+        let t = &plan.tensors[i];
+        let bytes = encode(t, &generate(t, spec.seed), spec.format)?;
+        let mut mine = None;
+        for (part, data) in stored[i].iter().zip(bytes) {
+            if part.name == e.name {
+                mine = Some(data);
+            } else {
+                pending
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(part.name.clone(), data);
+            }
+        }
+        mine.ok_or_else(|| anyhow::anyhow!("`{}` made no part named `{}`", t.name, e.name))
+    };
+    let metadata = layout.safetensors_metadata();
+    for shard in &shards {
+        write_shard(dir, shard, &metadata, &source)?;
     }
     bar.finish_and_clear();
 

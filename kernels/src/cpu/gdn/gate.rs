@@ -60,7 +60,7 @@ mod tests {
         let x = (a + dt) as f64;
         let want = -(a_log as f64).exp() * (1.0 + x.exp()).ln();
         let got = log_gate(a_log, a, dt) as f64;
-        assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} vs {want}");
+        approx::assert_relative_eq!(got, want, max_relative = 1e-6);
     }
 
     #[test]
