@@ -52,6 +52,19 @@ struct Stage {
     secs: f64,
 }
 
+/// The `harness parity` arguments comparing the CPU and MLX backends on `spec`.
+fn cpu_vs_mlx(spec: &str) -> Vec<&str> {
+    vec![
+        "parity",
+        "--synth",
+        spec,
+        "--a",
+        "backend=cpu",
+        "--b",
+        "backend=mlx",
+    ]
+}
+
 impl RunArgs {
     pub fn run(self) -> Result<()> {
         let (model, lengths, repeats) = if self.quick {
@@ -115,15 +128,15 @@ impl RunArgs {
                 ),
                 (
                     "parity backend=cpu vs backend=mlx (qwen3_5:tiny)",
-                    vec![
-                        "parity",
-                        "--synth",
-                        "qwen3_5:tiny",
-                        "--a",
-                        "backend=cpu",
-                        "--b",
-                        "backend=mlx",
-                    ],
+                    cpu_vs_mlx("qwen3_5:tiny"),
+                ),
+                (
+                    "parity backend=cpu vs backend=mlx (llama:tiny:q4)",
+                    cpu_vs_mlx("llama:tiny:q4"),
+                ),
+                (
+                    "parity backend=cpu vs backend=mlx (minicpm:tiny)",
+                    cpu_vs_mlx("minicpm:tiny"),
                 ),
             ]);
         }

@@ -113,6 +113,11 @@ mod cpu_vs_backend {
         "mxfp8:mlx",
     ];
     pub const QWEN3_5_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"];
+    /// The Llama-skeleton families after Qwen3 (the same ops, plus biases, scaled RoPE given
+    /// as explicit frequencies, a sliding layer and the μP scales): a dense and two quantized
+    /// formats each.
+    pub const LLAMA_FAMILIES: [&str; 2] = ["llama", "minicpm"];
+    pub const LLAMA_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "mxfp4:mlx"];
 
     pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
         backend.activate().unwrap();
@@ -152,7 +157,9 @@ mod cpu_vs_backend {
 /// The CPU backend against the MLX backend (MLX's CPU device here).
 #[cfg(feature = "mlx")]
 mod cpu_vs_mlx {
-    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
+    use super::cpu_vs_backend::{
+        cpu_vs, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
+    };
     use engine::Backend;
 
     fn cpu_vs_mlx(spec: &str, gdn: &str) {
@@ -174,6 +181,15 @@ mod cpu_vs_mlx {
             }
         }
     }
+
+    #[test]
+    fn llama_and_minicpm_cpu_and_mlx_agree() {
+        for family in LLAMA_FAMILIES {
+            for f in LLAMA_FORMATS {
+                cpu_vs_mlx(&format!("{family}:tiny:{f}"), "gdn=auto");
+            }
+        }
+    }
 }
 
 /// The same on the Metal GPU (macOS only; the macOS CI job runs it).
@@ -189,6 +205,9 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
+            for family in ["llama", "minicpm"] {
+                cpu_vs(Backend::Metal, &format!("{family}:tiny:{f}"), "gdn=auto");
+            }
         }
     }
 }
@@ -198,7 +217,9 @@ mod cpu_vs_metal {
 /// `CUDA_CONFORMANCE_REQUIRED=1`, which makes that a failure).
 #[cfg(feature = "cuda")]
 mod cpu_vs_cuda {
-    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
+    use super::cpu_vs_backend::{
+        cpu_vs, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
+    };
     use engine::Backend;
 
     fn gpu_here() -> bool {
@@ -226,6 +247,11 @@ mod cpu_vs_cuda {
         for f in QWEN3_5_FORMATS {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Cuda, &format!("qwen3_5:tiny:{f}"), gdn);
+            }
+        }
+        for family in LLAMA_FAMILIES {
+            for f in LLAMA_FORMATS {
+                cpu_vs(Backend::Cuda, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
         }
     }

@@ -4,10 +4,12 @@ use kernels::{ops, Tensor, Weight};
 use crate::config::QuantConfig;
 use crate::weights::WeightStore;
 
-/// A bias-free linear layer `y = x·Wᵀ` over a weight in any stored format.
+/// A linear layer `y = x·Wᵀ (+ b)` over a weight in any stored format; the optional bias is
+/// widened to f32 once at load.
 #[derive(Debug, Clone)]
 pub struct Linear {
     pub weight: Weight,
+    pub bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -21,17 +23,45 @@ impl Linear {
     ) -> Result<Linear> {
         Ok(Linear {
             weight: store.weight(prefix, quant.spec_for(prefix), out, inp)?,
+            bias: None,
         })
+    }
+
+    /// Like `load`, plus `<prefix>.bias` `[out]` when `bias` (e.g. Llama's `attention_bias`).
+    pub fn load_with_bias(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear> {
+        let mut l = Linear::load(store, quant, prefix, out, inp)?;
+        if bias {
+            l.bias = Some(
+                store
+                    .tensor_shaped(&format!("{prefix}.bias"), &[out])?
+                    .to_f32()?,
+            );
+        }
+        Ok(l)
     }
 
     /// Moves the weights to `device` once (at load), so no op copies them per call.
     pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
         self.weight = self.weight.to_device(device)?;
+        if let Some(b) = &mut self.bias {
+            *b = b.to_device(device)?;
+        }
         Ok(())
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::matmul(x, &self.weight)?)
+        let y = ops::matmul(x, &self.weight)?;
+        Ok(match &self.bias {
+            Some(b) => ops::add(&y, b)?,
+            None => y,
+        })
     }
 }
 

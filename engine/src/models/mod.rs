@@ -1,5 +1,7 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
+pub mod llama;
+pub mod minicpm;
 pub mod qwen3;
 pub mod qwen3_5;
 
@@ -55,11 +57,13 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
 pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn CausalLm>> {
     let dir = &cfg.dir;
     match cfg.model_type.as_str() {
-        "qwen3" => Ok(Box::new(qwen3::Qwen3::load(cfg, store)?)),
+        "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
+        "llama" => Ok(Box::new(llama::Llama::load(cfg, store, llama::Variant::LLAMA)?)),
+        "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3, qwen3_5)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: llama, minicpm, qwen3, qwen3_5)",
             dir.join("config.json").display()
         ),
     }
@@ -73,12 +77,27 @@ pub fn lm_logits(
     lm_head: &kernels::Weight,
     all_logits: bool,
 ) -> Result<Tensor> {
+    lm_logits_scaled(x, norm, None, lm_head, all_logits)
+}
+
+/// [`lm_logits`] with the normed hidden state multiplied by `scale` before the head.
+pub fn lm_logits_scaled(
+    x: &Tensor,
+    norm: &crate::layers::RmsNorm,
+    scale: Option<f32>,
+    lm_head: &kernels::Weight,
+    all_logits: bool,
+) -> Result<Tensor> {
     let x = if all_logits {
         x.clone()
     } else {
         x.narrow0(x.dim(0) - 1, 1)?
     };
-    let logits = kernels::ops::matmul(&norm.forward(&x)?, lm_head)?;
+    let mut h = norm.forward(&x)?;
+    if let Some(s) = scale {
+        h = kernels::ops::scale(&h, s)?;
+    }
+    let logits = kernels::ops::matmul(&h, lm_head)?;
     // Sampling reads the logits on the host (a no-op for host tensors).
     Ok(logits.to_device(kernels::Device::Cpu)?)
 }

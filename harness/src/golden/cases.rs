@@ -31,6 +31,16 @@ pub const MATRIX: &[Row] = &[
         formats: Format::ALL,
         paths: &["gdn=perstep", "gdn=chunked"],
     },
+    Row {
+        family: "llama",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
+        family: "minicpm",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
 ];
 
 /// A fixed prompt: `text` encoded by the checkpoint's tokenizer (no chat template), repeated

@@ -10,8 +10,12 @@ use anyhow::{bail, Result};
 use crate::models;
 use crate::synth::{Format, Layout, Size, SynthSpec};
 
-/// Families with references, both for folders mlx-lm wrote and for synthetic ones.
-pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
+/// Families with references on synthetic checkpoints.
+pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "llama", "minicpm"];
+
+/// Families that also have folders written by mlx-lm's own save functions (the later families
+/// share Qwen3's tensor names, so their synthetic folders already are mlx-lm's layout).
+pub const MLX_WRITTEN_FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
 
 /// Every weight format; each has an mlx-written folder and a synthetic one in the mlx layout.
 pub const FORMATS: &[Format] = Format::ALL;
@@ -102,7 +106,7 @@ pub fn synth_specs() -> Vec<SynthSpec> {
 /// Every stored reference: the mlx-written folders, then the synthetic ones.
 pub fn sources() -> Vec<Source> {
     let mut out = Vec::new();
-    for family in FAMILIES {
+    for family in MLX_WRITTEN_FAMILIES {
         for format in FORMATS {
             out.push(Source::MlxWritten(format!("{family}-{}", format.name())));
         }

@@ -1,6 +1,7 @@
 //! The model families `harness synth` can write, one module each, behind one small trait.
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
+mod llama;
 mod qwen3;
 mod qwen3_5;
 
@@ -21,7 +22,12 @@ pub trait Family: Sync {
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan>;
 }
 
-const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3, &qwen3_5::Qwen3_5];
+const FAMILIES: &[&dyn Family] = &[
+    &qwen3::Qwen3,
+    &qwen3_5::Qwen3_5,
+    &llama::Llama,
+    &llama::MiniCpm,
+];
 
 pub fn all() -> &'static [&'static dyn Family] {
     FAMILIES
