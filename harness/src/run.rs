@@ -138,6 +138,10 @@ impl RunArgs {
                     "parity backend=cpu vs backend=mlx (minicpm:tiny)",
                     cpu_vs_mlx("minicpm:tiny"),
                 ),
+                (
+                    "parity backend=cpu vs backend=mlx (gemma4:tiny:q8)",
+                    cpu_vs_mlx("gemma4:tiny:q8"),
+                ),
             ]);
         }
         plan.extend([

@@ -113,10 +113,10 @@ mod cpu_vs_backend {
         "mxfp8:mlx",
     ];
     pub const QWEN3_5_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"];
-    /// The Llama-skeleton families after Qwen3 (the same ops, plus biases, scaled RoPE given
-    /// as explicit frequencies, a sliding layer and the μP scales): a dense and two quantized
-    /// formats each.
-    pub const LLAMA_FAMILIES: [&str; 2] = ["llama", "minicpm"];
+    /// The attention-only families after Qwen3 (biases, scaled and proportional RoPE given as
+    /// explicit frequencies, sliding layers, μP scales, Gemma 4's KV sharing, per-layer inputs
+    /// and soft cap): a dense and two quantized formats each.
+    pub const LLAMA_FAMILIES: [&str; 3] = ["llama", "minicpm", "gemma4"];
     pub const LLAMA_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "mxfp4:mlx"];
 
     pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
@@ -205,7 +205,7 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
-            for family in ["llama", "minicpm"] {
+            for family in ["llama", "minicpm", "gemma4"] {
                 cpu_vs(Backend::Metal, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
         }

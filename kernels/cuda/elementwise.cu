@@ -6,6 +6,7 @@
 #define UNARY_SIGMOID 2
 #define UNARY_SOFTPLUS 3
 #define UNARY_SCALE 4
+#define UNARY_SOFTCAP 5
 
 extern "C" __global__ void unary(const float* x, float* y, i64 n, int op, float s) {
     i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -16,6 +17,7 @@ extern "C" __global__ void unary(const float* x, float* y, i64 n, int op, float 
         case UNARY_GELU_TANH: v = gelu_tanh_f(v); break;
         case UNARY_SIGMOID: v = sigmoid_f(v); break;
         case UNARY_SOFTPLUS: v = softplus_f(v); break;
+        case UNARY_SOFTCAP: v = s * tanhf(v / s); break;
         default: v = v * s; break;
     }
     y[i] = v;

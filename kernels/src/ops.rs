@@ -324,6 +324,22 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     cpu::unary::map(x, move |v| v * s)
 }
 
+/// `c·tanh(x/c)`: logits squashed smoothly into `(−c, c)` (Gemma's final soft cap).
+pub fn softcap(x: &Tensor, c: f32) -> Result<Tensor> {
+    if !(c.is_finite() && c > 0.0) {
+        return crate::error::invalid("softcap", "the cap must be a positive finite number");
+    }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[x]) {
+        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Softcap(c));
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[x]) {
+        return crate::cuda::unary(x, crate::cuda::Unary::Softcap(c));
+    }
+    cpu::unary::map(x, move |v| cpu::unary::softcap(v, c))
+}
+
 /// `a + b`; `b` may be broadcast over leading dims (its shape a suffix of `a`'s).
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "mlx")]

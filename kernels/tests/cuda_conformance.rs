@@ -225,6 +225,7 @@ fn elementwise_cases(cases: &mut Vec<Case>) {
         ("gelu_tanh", ops::gelu_tanh),
         ("sigmoid", ops::sigmoid),
         ("softplus", ops::softplus),
+        ("softcap", |x| ops::softcap(x, 30.0)),
     ] {
         let x = x.clone();
         cases.push(case(name, ELEMENTWISE, move |d| {

@@ -417,11 +417,12 @@ fn activations_scale_swiglu() {
     let x = awkward(64, 32);
     let up = host(&[8, 8], 33);
     type Op = fn(&Tensor) -> kernels::Result<Tensor>;
-    let cases: [(&str, Op); 4] = [
+    let cases: [(&str, Op); 5] = [
         ("sigmoid", ops::sigmoid),
         ("softplus", ops::softplus),
         ("gelu_tanh", ops::gelu_tanh),
         ("scale", |x| ops::scale(x, -1.5)),
+        ("softcap", |x| ops::softcap(x, 3.0)),
     ];
     for (name, f) in cases {
         check(name, &f(&x).unwrap(), &f(&mlx(&x)).unwrap(), ELEMENTWISE);

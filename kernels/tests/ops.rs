@@ -559,7 +559,7 @@ type Unary = (
     fn(f64) -> f64,
 );
 
-const ACTIVATIONS: [Unary; 4] = [
+const ACTIVATIONS: [Unary; 6] = [
     ("silu", ops::silu, |x| x * sigmoid_ref(x)),
     ("sigmoid", ops::sigmoid, sigmoid_ref),
     ("softplus", ops::softplus, |x| {
@@ -571,6 +571,18 @@ const ACTIVATIONS: [Unary; 4] = [
         let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3));
         x * sigmoid_ref(2.0 * u)
     }),
+    // Gemma's final-logit cap c·tanh(x/c), at its real cap (30) and at a small one where
+    // most inputs saturate.
+    (
+        "softcap 30",
+        |x| ops::softcap(x, 30.0),
+        |x| 30.0 * (x / 30.0).tanh(),
+    ),
+    (
+        "softcap 2",
+        |x| ops::softcap(x, 2.0),
+        |x| 2.0 * (x / 2.0).tanh(),
+    ),
 ];
 
 #[test]
@@ -613,12 +625,33 @@ fn activations_keep_tails_and_limits() {
             };
             assert!(ok, "{name}({x}) = {g:e}, want {want:e}");
         }
+        if name.starts_with("softcap") {
+            continue; // its limits are ±c: softcap_saturates_and_keeps_tiny_values
+        }
         let lim = values(&op(&tensor(&[3], vec![-inf, inf, f32::NAN])).unwrap());
         let want_hi = if name == "sigmoid" { 1.0 } else { inf };
         assert_eq!(lim[0], 0.0, "{name}(-inf)");
         assert_eq!(lim[1], want_hi, "{name}(inf)");
         assert!(lim[2].is_nan(), "{name}(NaN)");
     }
+}
+
+#[test]
+fn softcap_saturates_and_keeps_tiny_values() {
+    let inf = f32::INFINITY;
+    let x = vec![-inf, inf, f32::NAN, 0.0, -0.0, 1e-30, -3e-8, 1e30];
+    let got = values(&ops::softcap(&tensor(&[x.len()], x), 30.0).unwrap());
+    assert_eq!((got[0], got[1]), (-30.0, 30.0));
+    assert!(got[2].is_nan());
+    assert_eq!(
+        (got[3].to_bits(), got[4].to_bits()),
+        (0.0f32.to_bits(), (-0.0f32).to_bits())
+    );
+    // Near 0 tanh(y) ≈ y: no cancellation may eat the value.
+    assert!((got[5] / 1e-30 - 1.0).abs() < 1e-6, "{:e}", got[5]);
+    assert!((got[6] / -3e-8 - 1.0).abs() < 1e-6, "{:e}", got[6]);
+    assert_eq!(got[7], 30.0);
+    assert!(ops::softcap(&tensor(&[1], vec![1.0]), 0.0).is_err());
 }
 
 #[test]

@@ -305,6 +305,10 @@ impl CausalLm for Llama {
             x = ops::add(&x, &scaled(h, s.residual)?)?;
         }
         state.pos += ids.len();
-        super::lm_logits_scaled(&x, &self.norm, s.logits, &self.lm_head, all_logits)
+        let tail = super::Tail {
+            scale: s.logits,
+            softcap: None,
+        };
+        super::lm_logits_with(&x, &self.norm, &self.lm_head, all_logits, tail)
     }
 }

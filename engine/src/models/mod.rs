@@ -1,5 +1,6 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
+pub mod gemma4;
 pub mod llama;
 pub mod minicpm;
 pub mod qwen3;
@@ -60,10 +61,11 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
         "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
         "llama" => Ok(Box::new(llama::Llama::load(cfg, store, llama::Variant::LLAMA)?)),
         "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
+        "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: llama, minicpm, qwen3, qwen3_5)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, llama, minicpm, qwen3, qwen3_5)",
             dir.join("config.json").display()
         ),
     }
@@ -77,16 +79,25 @@ pub fn lm_logits(
     lm_head: &kernels::Weight,
     all_logits: bool,
 ) -> Result<Tensor> {
-    lm_logits_scaled(x, norm, None, lm_head, all_logits)
+    lm_logits_with(x, norm, lm_head, all_logits, Tail::default())
 }
 
-/// [`lm_logits`] with the normed hidden state multiplied by `scale` before the head.
-pub fn lm_logits_scaled(
+/// What some families add around the LM head.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tail {
+    /// Multiplies the normed hidden state before the head (MiniCPM).
+    pub scale: Option<f32>,
+    /// Soft-caps the logits `c·tanh(x/c)` (Gemma).
+    pub softcap: Option<f32>,
+}
+
+/// [`lm_logits`] with a family's [`Tail`], applied on the model's device.
+pub fn lm_logits_with(
     x: &Tensor,
     norm: &crate::layers::RmsNorm,
-    scale: Option<f32>,
     lm_head: &kernels::Weight,
     all_logits: bool,
+    tail: Tail,
 ) -> Result<Tensor> {
     let x = if all_logits {
         x.clone()
@@ -94,10 +105,13 @@ pub fn lm_logits_scaled(
         x.narrow0(x.dim(0) - 1, 1)?
     };
     let mut h = norm.forward(&x)?;
-    if let Some(s) = scale {
+    if let Some(s) = tail.scale {
         h = kernels::ops::scale(&h, s)?;
     }
-    let logits = kernels::ops::matmul(&h, lm_head)?;
+    let mut logits = kernels::ops::matmul(&h, lm_head)?;
+    if let Some(c) = tail.softcap {
+        logits = kernels::ops::softcap(&logits, c)?;
+    }
     // Sampling reads the logits on the host (a no-op for host tensors).
     Ok(logits.to_device(kernels::Device::Cpu)?)
 }

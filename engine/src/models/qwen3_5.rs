@@ -76,7 +76,7 @@ impl Layout {
             .map(|l| format!("`{}.embed_tokens.weight`", l.model_prefix()))
             .collect();
         bail!(
-            "{}: not a Qwen3.5 layout: none of {} is present",
+            "{}: no known layout of this family: none of {} is present",
             store.dir().display(),
             tried.join(", ")
         )

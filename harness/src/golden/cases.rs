@@ -41,6 +41,11 @@ pub const MATRIX: &[Row] = &[
         formats: Format::ALL,
         paths: &["default"],
     },
+    Row {
+        family: "gemma4",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
 ];
 
 /// A fixed prompt: `text` encoded by the checkpoint's tokenizer (no chat template), repeated

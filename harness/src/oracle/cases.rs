@@ -11,7 +11,7 @@ use crate::models;
 use crate::synth::{Format, Layout, Size, SynthSpec};
 
 /// Families with references on synthetic checkpoints.
-pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "llama", "minicpm"];
+pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "llama", "minicpm", "gemma4"];
 
 /// Families that also have folders written by mlx-lm's own save functions (the later families
 /// share Qwen3's tensor names, so their synthetic folders already are mlx-lm's layout).

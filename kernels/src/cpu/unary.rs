@@ -41,6 +41,15 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x * sigmoid(TWO_C * (x + 0.044_715 * x * x * x))
 }
 
+/// Soft capping `c·tanh(x/c)` (Gemma's final logits), with `tanh(y)` as
+/// `−expm1(−2|y|) / (2 + expm1(−2|y|))` carrying the sign of `y`: exact to a few ulp near 0
+/// (no `1 − e` cancellation) and saturating to ±c without overflow.
+pub fn softcap(x: f32, c: f32) -> f32 {
+    let y = x / c;
+    let m = (-2.0 * y.abs()).exp_m1();
+    c * (-m / (2.0 + m)).copysign(y)
+}
+
 /// `eˣ` for softmax terms: a Cody–Waite reduction and a degree-7 polynomial (within 2 ulp of
 /// `f32::exp` on `[-87, 88]`), written without branches on the value path so loops over it
 /// vectorise. Results below `e⁻⁸⁷` flush to 0 (they vanish next to the row maximum's 1);

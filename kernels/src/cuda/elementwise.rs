@@ -15,6 +15,7 @@ pub(crate) enum Unary {
     Sigmoid,
     Softplus,
     Scale(f32),
+    Softcap(f32),
 }
 
 pub(crate) fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
@@ -26,6 +27,7 @@ pub(crate) fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
         Unary::Sigmoid => (2, 0.0),
         Unary::Softplus => (3, 0.0),
         Unary::Scale(s) => (4, s),
+        Unary::Softcap(c) => (5, c),
     };
     let n = x.numel() as i64;
     if n > 0 {

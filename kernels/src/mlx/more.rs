@@ -188,6 +188,7 @@ pub enum Unary {
     Softplus,
     GeluTanh,
     Scale(f32),
+    Softcap(f32),
 }
 
 /// Elementwise activations, in the stable forms the CPU path uses.
@@ -218,6 +219,13 @@ pub fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
             )
         }
         Unary::Scale(s) => m!(op, xa.multiply(scalar(s))),
+        // tanh(x/c)·c, as mlx-lm's `logit_softcap`.
+        Unary::Softcap(c) => m!(
+            op,
+            xa.divide(scalar(c))
+                .and_then(mx::tanh)
+                .and_then(|t| t.multiply(scalar(c)))
+        ),
     };
     tensor_of(op, y)
 }

@@ -1,6 +1,7 @@
 //! The model families `harness synth` can write, one module each, behind one small trait.
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
+mod gemma4;
 mod llama;
 mod qwen3;
 mod qwen3_5;
@@ -27,6 +28,7 @@ const FAMILIES: &[&dyn Family] = &[
     &qwen3_5::Qwen3_5,
     &llama::Llama,
     &llama::MiniCpm,
+    &gemma4::Gemma4,
 ];
 
 pub fn all() -> &'static [&'static dyn Family] {
