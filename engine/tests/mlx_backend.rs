@@ -74,6 +74,7 @@ mod on_mlx {
             LayerState::Recurrent(r) => {
                 r.ssm.device() == Device::Mlx && r.conv.device() == Device::Mlx
             }
+            LayerState::Conv(c) => c.device() == Device::Mlx,
         })
     }
 

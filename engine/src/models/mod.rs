@@ -1,5 +1,6 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
+pub mod lfm2;
 pub mod qwen3;
 pub mod qwen3_5;
 
@@ -55,11 +56,12 @@ pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
 pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn CausalLm>> {
     let dir = &cfg.dir;
     match cfg.model_type.as_str() {
+        "lfm2" => Ok(Box::new(lfm2::Lfm2::load(cfg, store)?)),
         "qwen3" => Ok(Box::new(qwen3::Qwen3::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: qwen3, qwen3_5)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: lfm2, qwen3, qwen3_5)",
             dir.join("config.json").display()
         ),
     }

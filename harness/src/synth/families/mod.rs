@@ -1,6 +1,7 @@
 //! The model families `harness synth` can write, one module each, behind one small trait.
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
+mod lfm2;
 mod qwen3;
 mod qwen3_5;
 
@@ -21,7 +22,7 @@ pub trait Family: Sync {
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan>;
 }
 
-const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3, &qwen3_5::Qwen3_5];
+const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3, &qwen3_5::Qwen3_5, &lfm2::Lfm2];
 
 pub fn all() -> &'static [&'static dyn Family] {
     FAMILIES
