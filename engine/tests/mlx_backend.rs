@@ -123,4 +123,12 @@ mod on_mlx {
             check_folder(&format!("qwen3_5-{f}"));
         }
     }
+
+    /// LFM2's short conv (with and without biases) and attention blocks on MLX.
+    #[test]
+    fn lfm2_mlx_written_folders_match_the_cpu_backend() {
+        for f in FORMATS {
+            check_folder(&format!("lfm2-{f}"));
+        }
+    }
 }

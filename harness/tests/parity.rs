@@ -113,6 +113,18 @@ mod cpu_vs_backend {
         "mxfp8:mlx",
     ];
     pub const QWEN3_5_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "nvfp4:mlx"];
+    /// Tiny LFM2 in every format (both layouts of the float ones).
+    pub const LFM2_FORMATS: [&str; 9] = [
+        "f32:hf",
+        "f32:mlx",
+        "bf16:hf",
+        "bf16:mlx",
+        "q4:mlx",
+        "q8:mlx",
+        "mxfp4:mlx",
+        "nvfp4:mlx",
+        "mxfp8:mlx",
+    ];
 
     pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
         backend.activate().unwrap();
@@ -152,7 +164,7 @@ mod cpu_vs_backend {
 /// The CPU backend against the MLX backend (MLX's CPU device here).
 #[cfg(feature = "mlx")]
 mod cpu_vs_mlx {
-    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
+    use super::cpu_vs_backend::{cpu_vs, LFM2_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS};
     use engine::Backend;
 
     fn cpu_vs_mlx(spec: &str, gdn: &str) {
@@ -174,6 +186,13 @@ mod cpu_vs_mlx {
             }
         }
     }
+
+    #[test]
+    fn lfm2_cpu_and_mlx_agree_in_every_format() {
+        for f in LFM2_FORMATS {
+            cpu_vs_mlx(&format!("lfm2:tiny:{f}"), "gdn=auto");
+        }
+    }
 }
 
 /// The same on the Metal GPU (macOS only; the macOS CI job runs it).
@@ -189,6 +208,7 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
+            cpu_vs(Backend::Metal, &format!("lfm2:tiny:{f}"), "gdn=auto");
         }
     }
 }
@@ -198,7 +218,7 @@ mod cpu_vs_metal {
 /// `CUDA_CONFORMANCE_REQUIRED=1`, which makes that a failure).
 #[cfg(feature = "cuda")]
 mod cpu_vs_cuda {
-    use super::cpu_vs_backend::{cpu_vs, QWEN3_5_FORMATS, QWEN3_FORMATS};
+    use super::cpu_vs_backend::{cpu_vs, LFM2_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS};
     use engine::Backend;
 
     fn gpu_here() -> bool {
@@ -227,6 +247,16 @@ mod cpu_vs_cuda {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Cuda, &format!("qwen3_5:tiny:{f}"), gdn);
             }
+        }
+    }
+
+    #[test]
+    fn lfm2_cpu_and_cuda_agree() {
+        if !gpu_here() {
+            return;
+        }
+        for f in LFM2_FORMATS {
+            cpu_vs(Backend::Cuda, &format!("lfm2:tiny:{f}"), "gdn=auto");
         }
     }
 }

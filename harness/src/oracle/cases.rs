@@ -11,7 +11,7 @@ use crate::models;
 use crate::synth::{Format, Layout, Size, SynthSpec};
 
 /// Families with references, both for folders mlx-lm wrote and for synthetic ones.
-pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
+pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "lfm2"];
 
 /// Every weight format; each has an mlx-written folder and a synthetic one in the mlx layout.
 pub const FORMATS: &[Format] = Format::ALL;
