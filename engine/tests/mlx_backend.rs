@@ -74,6 +74,7 @@ mod on_mlx {
             LayerState::Recurrent(r) => {
                 r.ssm.device() == Device::Mlx && r.conv.device() == Device::Mlx
             }
+            LayerState::Conv(c) => c.device() == Device::Mlx,
         })
     }
 
@@ -120,6 +121,14 @@ mod on_mlx {
     fn qwen3_5_mlx_written_folders_match_the_cpu_backend() {
         for f in FORMATS {
             check_folder(&format!("qwen3_5-{f}"));
+        }
+    }
+
+    /// LFM2's short conv (with and without biases) and attention blocks on MLX.
+    #[test]
+    fn lfm2_mlx_written_folders_match_the_cpu_backend() {
+        for f in FORMATS {
+            check_folder(&format!("lfm2-{f}"));
         }
     }
 }

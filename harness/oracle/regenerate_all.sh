@@ -13,10 +13,11 @@ py="$here/.venv/bin/python"
 
 "$py" "$here/make_mlx_fixtures.py" --out "$repo/engine/tests/fixtures/mlx-written"
 "$py" "$here/make_mlx_qwen35_fixtures.py" --out "$repo/engine/tests/fixtures/mlx-written"
+"$py" "$here/make_mlx_lfm2_fixtures.py" --out "$repo/engine/tests/fixtures/mlx-written"
 "$py" "$here/make_quant_fixtures.py" --out "$repo/kernels/tests/fixtures/quant"
 
-# Prompt arguments from prompts.json: each id list, then each chat message. The Qwen3.5 references
-# add the long id prompts (after the short ones); the Qwen3 ones keep only the short ones.
+# Prompt arguments from prompts.json: each id list, then each chat message. The Qwen3.5 and LFM2
+# references add the long id prompts (after the short ones); the Qwen3 ones keep only the short ones.
 prompt_args_from() {
     "$py" - "$here/prompts.json" "$1" <<'PY'
 import json, sys
@@ -46,7 +47,8 @@ for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3-*/; do
         "${prompt_args[@]}" --max-tokens 24 --top 8 \
         --out "$repo/goldens/oracle/mlx-written/$name.json"
 done
-for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3_5-*/; do
+# LFM2 (short-conv hybrid): the long prompts too, so the conv state crosses 300 positions.
+for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3_5-*/ "$repo"/engine/tests/fixtures/mlx-written/lfm2-*/; do
     name="$(basename "$dir")"
     "$py" "$here/reference.py" --model "engine/tests/fixtures/mlx-written/$name" \
         "${prompt_args_long[@]}" --max-tokens 24 --top 8 \

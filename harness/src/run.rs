@@ -28,8 +28,11 @@ pub struct RunArgs {
     /// Timed repetitions per length and path.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// A fast variant for tests and smoke checks: the sweep runs on qwen3_5:tiny at 64,128
-    /// tokens with one repetition.
+    /// The model of the LFM2 TTFT sweep (a synth spec), its own stage and report (`lfm2/`).
+    #[arg(long, default_value = "lfm2:bench:bf16")]
+    pub lfm2_model: String,
+    /// A fast variant for tests and smoke checks: the sweeps run on qwen3_5:tiny and lfm2:tiny
+    /// at 64,128 tokens with one repetition.
     #[arg(long)]
     pub quick: bool,
 }
@@ -39,6 +42,7 @@ impl Default for RunArgs {
         RunArgs {
             out: PathBuf::from("reports/latest"),
             sweep_model: "qwen3_5:bench:bf16".into(),
+            lfm2_model: "lfm2:bench:bf16".into(),
             lengths: vec![64, 256, 1024],
             repeats: 3,
             quick: false,
@@ -67,10 +71,20 @@ fn cpu_vs_mlx(spec: &str) -> Vec<&str> {
 
 impl RunArgs {
     pub fn run(self) -> Result<()> {
-        let (model, lengths, repeats) = if self.quick {
-            ("qwen3_5:tiny".to_string(), vec![64, 128], 1)
+        let (model, lfm2_model, lengths, repeats) = if self.quick {
+            (
+                "qwen3_5:tiny".to_string(),
+                "lfm2:tiny".to_string(),
+                vec![64, 128],
+                1,
+            )
         } else {
-            (self.sweep_model.clone(), self.lengths.clone(), self.repeats)
+            (
+                self.sweep_model.clone(),
+                self.lfm2_model.clone(),
+                self.lengths.clone(),
+                self.repeats,
+            )
         };
         std::fs::create_dir_all(&self.out)
             .with_context(|| format!("creating {}", self.out.display()))?;
@@ -100,6 +114,20 @@ impl RunArgs {
         }
         let mlx_sweep = mlx_sweep.to_string_lossy().into_owned();
         let mlx_lengths = if self.quick { "64,128" } else { "64,256" };
+        // LFM2 has no alternative CPU path: its sweep times the CPU backend (and MLX beside it
+        // when built) over the lengths the MLX sweep uses, in its own file and report.
+        let lfm2_sweep = self.out.join("sweep-lfm2.jsonl");
+        if lfm2_sweep.exists() {
+            std::fs::remove_file(&lfm2_sweep)
+                .with_context(|| format!("removing {}", lfm2_sweep.display()))?;
+        }
+        let lfm2_sweep = lfm2_sweep.to_string_lossy().into_owned();
+        let lfm2_out = self.out.join("lfm2").to_string_lossy().into_owned();
+        let lfm2_paths = if mlx {
+            "backend=cpu,backend=mlx"
+        } else {
+            "default"
+        };
         let mut plan: Vec<(&str, Vec<&str>)> = vec![
             ("golden check (CPU)", vec!["golden", "check"]),
             ("oracle check vs mlx-lm", vec!["oracle", "check"]),
@@ -142,6 +170,18 @@ impl RunArgs {
                     "parity backend=cpu vs backend=mlx (gemma4:tiny:q8)",
                     cpu_vs_mlx("gemma4:tiny:q8"),
                 ),
+                (
+                    "parity backend=cpu vs backend=mlx (lfm2:tiny)",
+                    vec![
+                        "parity",
+                        "--synth",
+                        "lfm2:tiny",
+                        "--a",
+                        "backend=cpu",
+                        "--b",
+                        "backend=mlx",
+                    ],
+                ),
             ]);
         }
         plan.extend([
@@ -162,6 +202,26 @@ impl RunArgs {
                 ],
             ),
             ("report", vec!["report", &sweep, "--out", &out]),
+            (
+                "TTFT sweep LFM2",
+                vec![
+                    "sweep",
+                    "--synth",
+                    &lfm2_model,
+                    "--lengths",
+                    mlx_lengths,
+                    "--paths",
+                    lfm2_paths,
+                    "--repeats",
+                    "1",
+                    "--out",
+                    &lfm2_sweep,
+                ],
+            ),
+            (
+                "report LFM2",
+                vec!["report", &lfm2_sweep, "--out", &lfm2_out],
+            ),
         ]);
         let mlx_out = self.out.join("cpu-vs-mlx").to_string_lossy().into_owned();
         if mlx {

@@ -12,6 +12,8 @@ fn quick_main_job_passes_and_writes_a_report() {
         "parity",
         "TTFT sweep",
         "report",
+        "TTFT sweep LFM2",
+        "report LFM2",
     ] {
         let line = summary
             .lines()
@@ -33,6 +35,19 @@ fn quick_main_job_passes_and_writes_a_report() {
             "{cmp}"
         );
     }
+    // The LFM2 sweep: one line per length and backend.
+    let rows = harness::sweep::read_jsonl(&out.join("sweep-lfm2.jsonl")).unwrap();
+    let backends = if engine::Backend::Mlx.is_built() {
+        2
+    } else {
+        1
+    };
+    assert_eq!(rows.len(), 2 * backends);
+    assert!(
+        rows.iter().all(|r| r.model.starts_with("lfm2:tiny")),
+        "{rows:?}"
+    );
+    assert!(out.join("lfm2/report.md").metadata().unwrap().len() > 0);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
         report.contains("| 64 |") && report.contains("| 128 |"),

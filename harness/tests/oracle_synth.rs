@@ -1,6 +1,6 @@
 //! Conformance with mlx-lm from the stored references (no Python at test time): every
 //! checkpoint mlx-lm wrote itself (MLX layout, every weight format) and every synthetic tiny
-//! checkpoint (both layouts), Qwen3 and Qwen3.5 with both Gated DeltaNet paths. The same check
+//! checkpoint (both layouts), Qwen3, Qwen3.5 with both Gated DeltaNet paths, and LFM2. The same check
 //! as `harness oracle check`. Built with `--features mlx`, the same cases also run on the MLX
 //! backend (MLX's CPU device here) against the same references.
 
@@ -54,6 +54,7 @@ mod on_mlx {
         check_on(Backend::Mlx, "synth/qwen3:", None);
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::Chunked));
+        check_on(Backend::Mlx, "synth/lfm2:", None);
     }
 
     #[test]
@@ -61,6 +62,7 @@ mod on_mlx {
         check_on(Backend::Mlx, "mlx-written/qwen3-", None);
         check_on(Backend::Mlx, "mlx-written/qwen3_5-", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "mlx-written/qwen3_5-", Some(GdnPath::Chunked));
+        check_on(Backend::Mlx, "mlx-written/lfm2-", None);
     }
 
     /// Where our MLX path issues mlx-lm's own ops (dense Qwen3: fused RoPE from θ, fused SDPA,
@@ -100,6 +102,8 @@ mod on_mlx {
             check_on(Backend::Metal, "mlx-written/qwen3_5-", Some(gdn));
         }
         check_on(Backend::Metal, "mlx-written/qwen3-", None);
+        check_on(Backend::Metal, "synth/lfm2:", None);
+        check_on(Backend::Metal, "mlx-written/lfm2-", None);
     }
 }
 
@@ -131,6 +135,18 @@ fn mlx_written_qwen3_5_matches_mlx_lm_per_step() {
 #[test]
 fn mlx_written_qwen3_5_matches_mlx_lm_chunked() {
     check("mlx-written/qwen3_5-", Some(GdnPath::Chunked));
+}
+
+#[test]
+fn synth_lfm2_matches_mlx_lm() {
+    check("synth/lfm2:", None);
+}
+
+/// mlx-lm's own LFM2 folders: with and without `conv_bias`, layer kinds as `full_attn_idxs`
+/// and as `layer_types`, the conv block before and after the attention block.
+#[test]
+fn mlx_written_lfm2_matches_mlx_lm() {
+    check("mlx-written/lfm2-", None);
 }
 
 #[test]

@@ -118,6 +118,18 @@ mod cpu_vs_backend {
     /// and soft cap): a dense and two quantized formats each.
     pub const LLAMA_FAMILIES: [&str; 3] = ["llama", "minicpm", "gemma4"];
     pub const LLAMA_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "mxfp4:mlx"];
+    /// Tiny LFM2 in every format (both layouts of the float ones).
+    pub const LFM2_FORMATS: [&str; 9] = [
+        "f32:hf",
+        "f32:mlx",
+        "bf16:hf",
+        "bf16:mlx",
+        "q4:mlx",
+        "q8:mlx",
+        "mxfp4:mlx",
+        "nvfp4:mlx",
+        "mxfp8:mlx",
+    ];
 
     pub fn cpu_vs(backend: Backend, spec: &str, gdn: &str) {
         backend.activate().unwrap();
@@ -158,7 +170,7 @@ mod cpu_vs_backend {
 #[cfg(feature = "mlx")]
 mod cpu_vs_mlx {
     use super::cpu_vs_backend::{
-        cpu_vs, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
+        cpu_vs, LFM2_FORMATS, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
     };
     use engine::Backend;
 
@@ -183,11 +195,18 @@ mod cpu_vs_mlx {
     }
 
     #[test]
-    fn llama_and_minicpm_cpu_and_mlx_agree() {
+    fn attention_families_cpu_and_mlx_agree() {
         for family in LLAMA_FAMILIES {
             for f in LLAMA_FORMATS {
                 cpu_vs_mlx(&format!("{family}:tiny:{f}"), "gdn=auto");
             }
+        }
+    }
+
+    #[test]
+    fn lfm2_cpu_and_mlx_agree_in_every_format() {
+        for f in LFM2_FORMATS {
+            cpu_vs_mlx(&format!("lfm2:tiny:{f}"), "gdn=auto");
         }
     }
 }
@@ -205,7 +224,7 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
-            for family in ["llama", "minicpm", "gemma4"] {
+            for family in ["lfm2", "llama", "minicpm", "gemma4"] {
                 cpu_vs(Backend::Metal, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
         }
@@ -218,7 +237,7 @@ mod cpu_vs_metal {
 #[cfg(feature = "cuda")]
 mod cpu_vs_cuda {
     use super::cpu_vs_backend::{
-        cpu_vs, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
+        cpu_vs, LFM2_FORMATS, LLAMA_FAMILIES, LLAMA_FORMATS, QWEN3_5_FORMATS, QWEN3_FORMATS,
     };
     use engine::Backend;
 
@@ -253,6 +272,16 @@ mod cpu_vs_cuda {
             for f in LLAMA_FORMATS {
                 cpu_vs(Backend::Cuda, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
+        }
+    }
+
+    #[test]
+    fn lfm2_cpu_and_cuda_agree() {
+        if !gpu_here() {
+            return;
+        }
+        for f in LFM2_FORMATS {
+            cpu_vs(Backend::Cuda, &format!("lfm2:tiny:{f}"), "gdn=auto");
         }
     }
 }

@@ -386,14 +386,25 @@ fn gdn_cases(cases: &mut Vec<Case>) {
             }));
         }
     }
-    for t in [1usize, 2, 9] {
-        let (x, w, st) = (host(&[t, 24], 61), host(&[24, 4], 62), host(&[3, 24], 63));
+    // With SiLU (Gated DeltaNet) and without (LFM2's short conv, 3 taps).
+    for (t, silu, k) in [
+        (1usize, true, 4),
+        (2, true, 4),
+        (9, true, 4),
+        (1, false, 3),
+        (9, false, 3),
+    ] {
+        let (x, w, st) = (
+            host(&[t, 24], 61),
+            host(&[24, k], 62),
+            host(&[k - 1, 24], 63),
+        );
         cases.push(case(
-            format!("causal_conv1d T={t}"),
+            format!("causal_conv1d T={t} K={k} silu={silu}"),
             ELEMENTWISE,
             move |d| {
                 let mut s = on(d, &st);
-                let y = ops::causal_conv1d(&on(d, &x), &on(d, &w), &mut s, true)?;
+                let y = ops::causal_conv1d(&on(d, &x), &on(d, &w), &mut s, silu)?;
                 Ok(Out::Tensors(vec![y, s]))
             },
         ));

@@ -873,3 +873,60 @@ fn every_op_is_bit_identical_across_thread_counts() {
         assert!(a == b, "op #{i} differs between 1 and 2 threads");
     }
 }
+
+// ---------------------------------------------------------------- causal_conv1d
+
+/// `out[t][c] = Σ_j w[c][j] · [state; x][t + j][c]`, optionally through SiLU, from the
+/// definition (the last tap multiplies the current position).
+fn causal_conv1d_ref(x: &[f32], w: &[f32], state: &[f32], c: usize, silu: bool) -> Vec<f64> {
+    let k = w.len() / c;
+    let full: Vec<f32> = state.iter().chain(x).copied().collect();
+    let t = x.len() / c;
+    let mut out = Vec::with_capacity(t * c);
+    for i in 0..t {
+        for ch in 0..c {
+            let y: f64 = (0..k)
+                .map(|j| w[ch * k + j] as f64 * full[(i + j) * c + ch] as f64)
+                .sum();
+            out.push(if silu { y * sigmoid_ref(y) } else { y });
+        }
+    }
+    out
+}
+
+/// Both activations (LFM2's short conv has none, Gated DeltaNet's applies SiLU), kernels of 1
+/// to 4 taps, fed whole and in pieces: every piece matches the reference over the whole
+/// sequence, and the carried state ends as the last `K − 1` inputs.
+#[test]
+fn causal_conv1d_matches_reference_whole_and_in_pieces() {
+    let mut rng = Rng(31);
+    for silu in [false, true] {
+        for k in 1..=4 {
+            let (c, t) = (rng.int(1, 40), rng.int(1, 30));
+            let (w, x, s0) = (
+                rng.vec(c * k, 1.0),
+                rng.vec(t * c, 2.0),
+                rng.vec((k - 1) * c, 2.0),
+            );
+            let want = causal_conv1d_ref(&x, &w, &s0, c, silu);
+            let wt = tensor(&[c, k], w.clone());
+            let mut state = tensor(&[k - 1, c], s0.clone());
+            let cut = rng.int(0, t);
+            let mut got = Vec::new();
+            for (a, b) in [(0, cut), (cut, t)] {
+                if a == b {
+                    continue;
+                }
+                let piece = tensor(&[b - a, c], x[a * c..b * c].to_vec());
+                got.extend(values(
+                    &ops::causal_conv1d(&piece, &wt, &mut state, silu).unwrap(),
+                ));
+            }
+            let what = format!("causal_conv1d silu={silu} K={k} C={c} T={t} cut {cut}");
+            check(&what, &got, &want, ELEMENTWISE);
+            let full: Vec<f32> = s0.iter().chain(&x).copied().collect();
+            let tail = &full[full.len() - (k - 1) * c..];
+            assert_eq!(values(&state), tail, "{what}: carried state");
+        }
+    }
+}

@@ -8,6 +8,7 @@ pub use kv::KvCache;
 pub use recurrent::RecurrentState;
 
 use anyhow::{bail, Result};
+use kernels::Tensor;
 
 use crate::layers::GdnPath;
 
@@ -18,6 +19,8 @@ pub enum LayerState {
     Kv(KvCache),
     /// Linear attention (Gated DeltaNet): a fixed-size conv + recurrent state.
     Recurrent(RecurrentState),
+    /// A short convolution (LFM2): its last `K − 1` inputs, `[K − 1, C]` f32.
+    Conv(Tensor),
 }
 
 impl LayerState {
@@ -43,10 +46,22 @@ impl LayerState {
         }
     }
 
+    /// The conv state of a short-conv layer; an error names the mismatch otherwise.
+    pub fn conv_mut(&mut self) -> Result<&mut Tensor> {
+        match self {
+            LayerState::Conv(s) => Ok(s),
+            other => bail!(
+                "layer state mismatch: expected a conv state, got {}",
+                other.kind()
+            ),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             LayerState::Kv(_) => "a KV cache",
             LayerState::Recurrent(_) => "a recurrent state",
+            LayerState::Conv(_) => "a conv state",
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use kernels::{ops, Tensor};
 
 use super::{Linear, RmsNorm};
@@ -180,15 +180,12 @@ impl GatedDeltaNet {
         };
         let c = cfg.conv_channels();
         let k = cfg.conv_kernel;
-        let conv_name = format!("{prefix}.conv1d.weight");
-        let conv = store.tensor(&conv_name)?;
-        if conv.shape() != [c, 1, k] && conv.shape() != [c, k, 1] && conv.shape() != [c, k] {
-            bail!(
-                "{}: tensor `{conv_name}` has shape {:?}, expected [{c}, 1, {k}] (Hugging Face) or [{c}, {k}, 1] (MLX)",
-                store.dir().display(),
-                conv.shape()
-            );
-        }
+        let conv_weight = super::short_conv::depthwise_conv_weight(
+            store,
+            &format!("{prefix}.conv1d.weight"),
+            c,
+            k,
+        )?;
         let vec = |name: &str| -> Result<Tensor> {
             Ok(store
                 .tensor_shaped(&format!("{prefix}.{name}"), &[cfg.v_heads])?
@@ -201,7 +198,7 @@ impl GatedDeltaNet {
             in_proj_z: lin("in_proj_z", cfg.value_width())?,
             in_proj_b: lin("in_proj_b", cfg.v_heads)?,
             in_proj_a: lin("in_proj_a", cfg.v_heads)?,
-            conv_weight: conv.to_f32()?.reshape(&[c, k])?,
+            conv_weight,
             a_log: vec("A_log")?,
             dt_bias: vec("dt_bias")?,
             norm: RmsNorm::load(store, &format!("{prefix}.norm.weight"), cfg.v_dim, eps)?,

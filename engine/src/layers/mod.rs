@@ -7,6 +7,7 @@ pub mod linear;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod short_conv;
 
 pub use attention::{AttentionConfig, GqaAttention};
 pub use gated_delta::{GatedDeltaNet, GdnConfig, GdnPath};
@@ -14,3 +15,4 @@ pub use linear::Linear;
 pub use mlp::SwiGlu;
 pub use norm::RmsNorm;
 pub use rope::Rope;
+pub use short_conv::ShortConv;

@@ -1,6 +1,7 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
 pub mod gemma4;
+pub mod lfm2;
 pub mod llama;
 pub mod minicpm;
 pub mod qwen3;
@@ -61,11 +62,12 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
         "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
         "llama" => Ok(Box::new(llama::Llama::load(cfg, store, llama::Variant::LLAMA)?)),
         "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
+        "lfm2" => Ok(Box::new(lfm2::Lfm2::load(cfg, store)?)),
         "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, llama, minicpm, qwen3, qwen3_5)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, llama, minicpm, qwen3, qwen3_5)",
             dir.join("config.json").display()
         ),
     }

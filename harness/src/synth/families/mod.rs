@@ -2,6 +2,7 @@
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
 mod gemma4;
+mod lfm2;
 mod llama;
 mod qwen3;
 mod qwen3_5;
@@ -26,6 +27,7 @@ pub trait Family: Sync {
 const FAMILIES: &[&dyn Family] = &[
     &qwen3::Qwen3,
     &qwen3_5::Qwen3_5,
+    &lfm2::Lfm2,
     &llama::Llama,
     &llama::MiniCpm,
     &gemma4::Gemma4,

@@ -1,0 +1,141 @@
+//! LFM2's gated short convolution: `in_proj` gives three gates `B, C, x`; a depthwise causal
+//! conv of `conv_L_cache` taps runs over `B ⊙ x`, its output is gated by `C` and projected
+//! back by `out_proj`. The conv carries its last `K − 1` inputs between forwards (no activation,
+//! unlike the Gated DeltaNet conv).
+
+use anyhow::{bail, Result};
+use kernels::{ops, Tensor};
+
+use super::Linear;
+use crate::config::QuantConfig;
+use crate::weights::WeightStore;
+
+/// Reads a depthwise conv weight as `[C, K]` f32. Original checkpoints store PyTorch's
+/// `[C, 1, K]`, mlx-lm moves the kernel axis (`[C, K, 1]`); both hold the bytes of `[C, K]`.
+/// mlx-lm's `sanitize` tells them apart the same way (a last axis longer than the middle one
+/// is still PyTorch's layout), so with K = 1 the two are the same array anyway.
+pub fn depthwise_conv_weight(
+    store: &WeightStore,
+    name: &str,
+    channels: usize,
+    kernel: usize,
+) -> Result<Tensor> {
+    let conv = store.tensor(name)?;
+    let s = conv.shape();
+    if s != [channels, 1, kernel] && s != [channels, kernel, 1] && s != [channels, kernel] {
+        bail!(
+            "{}: tensor `{name}` has shape {s:?}, expected [{channels}, 1, {kernel}] (Hugging Face) or [{channels}, {kernel}, 1] (MLX)",
+            store.dir().display(),
+        );
+    }
+    Ok(conv.to_f32()?.reshape(&[channels, kernel])?)
+}
+
+/// An optional 1-D bias, widened to f32 (present when config.json's `conv_bias` is true).
+fn bias(store: &WeightStore, name: &str, n: usize, present: bool) -> Result<Option<Tensor>> {
+    if !present {
+        return Ok(None);
+    }
+    Ok(Some(store.tensor_shaped(name, &[n])?.to_f32()?))
+}
+
+#[derive(Debug, Clone)]
+pub struct ShortConv {
+    /// `[3·hidden, hidden]`: rows `B`, then `C`, then `x`.
+    pub in_proj: Linear,
+    pub in_bias: Option<Tensor>,
+    /// Depthwise taps `[hidden, K]`, f32; the last tap multiplies the current position.
+    pub conv_weight: Tensor,
+    pub conv_bias: Option<Tensor>,
+    pub out_proj: Linear,
+    pub out_bias: Option<Tensor>,
+}
+
+impl ShortConv {
+    /// Loads `<prefix>.{in_proj,conv,out_proj}` (e.g. `model.layers.0.conv`); all three carry a
+    /// bias when `with_bias` (config.json's `conv_bias`), as both mlx-lm and transformers build
+    /// them.
+    pub fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        prefix: &str,
+        hidden: usize,
+        kernel: usize,
+        with_bias: bool,
+    ) -> Result<ShortConv> {
+        let name = |n: &str| format!("{prefix}.{n}");
+        Ok(ShortConv {
+            in_proj: Linear::load(store, quant, &name("in_proj"), 3 * hidden, hidden)?,
+            in_bias: bias(store, &name("in_proj.bias"), 3 * hidden, with_bias)?,
+            conv_weight: depthwise_conv_weight(store, &name("conv.weight"), hidden, kernel)?,
+            conv_bias: bias(store, &name("conv.bias"), hidden, with_bias)?,
+            out_proj: Linear::load(store, quant, &name("out_proj"), hidden, hidden)?,
+            out_bias: bias(store, &name("out_proj.bias"), hidden, with_bias)?,
+        })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.conv_weight.dim(0)
+    }
+
+    pub fn kernel(&self) -> usize {
+        self.conv_weight.dim(1)
+    }
+
+    /// The zero conv state of a sequence's start: the `K − 1` inputs before position 0.
+    pub fn new_state(&self) -> Tensor {
+        Tensor::zeros(&[self.kernel() - 1, self.hidden()])
+    }
+
+    /// Moves the weights to `device` once (at load), so no op copies them per call.
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        self.in_proj.to_device(device)?;
+        self.out_proj.to_device(device)?;
+        self.conv_weight = self.conv_weight.to_device(device)?;
+        for b in [&mut self.in_bias, &mut self.conv_bias, &mut self.out_bias]
+            .into_iter()
+            .flatten()
+        {
+            *b = b.to_device(device)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `x` `[T, hidden]` after the tokens `state` (`[K − 1, hidden]`) has seen; updates it.
+    pub fn forward(&self, x: &Tensor, state: &mut Tensor) -> Result<Tensor> {
+        let h = self.hidden();
+        let bcx = with_bias(self.in_proj.forward(x)?, &self.in_bias)?;
+        let b = bcx.narrow(1, 0, h)?;
+        let c = bcx.narrow(1, h, h)?;
+        let bx = ops::mul(&b, &bcx.narrow(1, 2 * h, h)?)?;
+        // A bias after a linear conv with no activation is a plain broadcast add.
+        let conv = ops::causal_conv1d(&bx, &self.conv_weight, state, false)?;
+        let conv = with_bias(conv, &self.conv_bias)?;
+        with_bias(
+            self.out_proj.forward(&ops::mul(&c, &conv)?)?,
+            &self.out_bias,
+        )
+    }
+
+    /// Every loaded weight matrix, for parameter counts and format listings.
+    pub fn linears(&self) -> [&Linear; 2] {
+        [&self.in_proj, &self.out_proj]
+    }
+
+    /// Parameters outside the linear layers (conv taps and biases).
+    pub fn other_parameters(&self) -> usize {
+        self.conv_weight.numel()
+            + [&self.in_bias, &self.conv_bias, &self.out_bias]
+                .into_iter()
+                .flatten()
+                .map(|b| b.numel())
+                .sum::<usize>()
+    }
+}
+
+fn with_bias(y: Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
+    Ok(match bias {
+        Some(b) => ops::add(&y, b)?,
+        None => y,
+    })
+}
