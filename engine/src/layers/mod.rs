@@ -5,6 +5,7 @@ pub mod attention;
 pub mod gated_delta;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 
@@ -12,5 +13,6 @@ pub use attention::{AttentionConfig, GqaAttention};
 pub use gated_delta::{GatedDeltaNet, GdnConfig, GdnPath};
 pub use linear::Linear;
 pub use mlp::SwiGlu;
+pub use moe::{MoeConfig, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;

@@ -143,6 +143,7 @@ impl Qwen3 {
             context_length: context,
             vocab_size: vocab,
             hidden_size: hidden,
+            moe: None,
         };
         Ok(Qwen3 {
             info,

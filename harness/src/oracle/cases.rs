@@ -10,8 +10,11 @@ use anyhow::{bail, Result};
 use crate::models;
 use crate::synth::{Format, Layout, Size, SynthSpec};
 
-/// Families with references, both for folders mlx-lm wrote and for synthetic ones.
-pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
+/// Families with references of synthetic checkpoints.
+pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "qwen3_5_moe"];
+
+/// Families that also have folders mlx-lm wrote itself (`engine/tests/fixtures/mlx-written/`).
+pub const MLX_WRITTEN_FAMILIES: &[&str] = &["qwen3", "qwen3_5"];
 
 /// Every weight format; each has an mlx-written folder and a synthetic one in the mlx layout.
 pub const FORMATS: &[Format] = Format::ALL;
@@ -102,7 +105,7 @@ pub fn synth_specs() -> Vec<SynthSpec> {
 /// Every stored reference: the mlx-written folders, then the synthetic ones.
 pub fn sources() -> Vec<Source> {
     let mut out = Vec::new();
-    for family in FAMILIES {
+    for family in MLX_WRITTEN_FAMILIES {
         for format in FORMATS {
             out.push(Source::MlxWritten(format!("{family}-{}", format.name())));
         }

@@ -21,7 +21,11 @@ pub trait Family: Sync {
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan>;
 }
 
-const FAMILIES: &[&dyn Family] = &[&qwen3::Qwen3, &qwen3_5::Qwen3_5];
+const FAMILIES: &[&dyn Family] = &[
+    &qwen3::Qwen3,
+    &qwen3_5::Qwen3_5 { moe: false },
+    &qwen3_5::Qwen3_5 { moe: true },
+];
 
 pub fn all() -> &'static [&'static dyn Family] {
     FAMILIES
