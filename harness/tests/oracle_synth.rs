@@ -54,6 +54,8 @@ mod on_mlx {
         check_on(Backend::Mlx, "synth/qwen3:", None);
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::Chunked));
+        check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::PerStep));
+        check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::Chunked));
     }
 
     #[test]
@@ -116,6 +118,16 @@ fn synth_qwen3_5_matches_mlx_lm_per_step() {
 #[test]
 fn synth_qwen3_5_matches_mlx_lm_chunked() {
     check("synth/qwen3_5:", Some(GdnPath::Chunked));
+}
+
+#[test]
+fn synth_qwen3_5_moe_matches_mlx_lm_per_step() {
+    check("synth/qwen3_5_moe:", Some(GdnPath::PerStep));
+}
+
+#[test]
+fn synth_qwen3_5_moe_matches_mlx_lm_chunked() {
+    check("synth/qwen3_5_moe:", Some(GdnPath::Chunked));
 }
 
 #[test]

@@ -31,6 +31,11 @@ pub const MATRIX: &[Row] = &[
         formats: Format::ALL,
         paths: &["gdn=perstep", "gdn=chunked"],
     },
+    Row {
+        family: "qwen3_5_moe",
+        formats: Format::ALL,
+        paths: &["gdn=perstep", "gdn=chunked"],
+    },
 ];
 
 /// A fixed prompt: `text` encoded by the checkpoint's tokenizer (no chat template), repeated
