@@ -127,7 +127,7 @@ impl Mlp {
         }
     }
 
-    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
         match self {
             Mlp::Dense(m) => m.to_device(device),
             Mlp::Sparse(m) => m.to_device(device),
