@@ -229,5 +229,23 @@ fn run_info(model: PathBuf, json: bool) -> Result<()> {
     println!("hidden size:     {}", info.hidden_size);
     println!("vocab size:      {}", info.vocab_size);
     println!("context length:  {}", info.context_length);
+    if let Some(m) = &info.moe {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        println!(
+            "experts:         {} per layer, {} routed per token, width {}; shared expert width {}",
+            m.experts, m.experts_per_token, m.expert_width, m.shared_expert_width
+        );
+        println!(
+            "active params:   {} of {} per token ({:.1}%)",
+            m.active_parameters,
+            info.parameters,
+            100.0 * m.active_parameters as f64 / info.parameters.max(1) as f64
+        );
+        println!(
+            "decode reads:    {:.1} of {:.1} MiB of weights per token",
+            mib(m.active_weight_bytes),
+            mib(m.weight_bytes)
+        );
+    }
     Ok(())
 }

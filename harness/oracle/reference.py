@@ -5,7 +5,8 @@ Loads DIR with mlx_lm.load, every bf16/f16 tensor widened to float32 as it is re
 model's sanitize, so e.g. Qwen3.5's `norm weight + 1` of original checkpoints is computed in f32
 as transformers does, not rounded to bf16 as plain mlx_lm.load would), then makes the whole model
 float32:
-  * every quantized layer (nn.QuantizedLinear / nn.QuantizedEmbedding) is replaced by its dense
+  * every quantized layer (nn.QuantizedLinear / nn.QuantizedEmbedding, and the stacked experts'
+    QuantizedSwitchLinear of MoE families) is replaced by its dense
     twin whose weight is mx.dequantize(packed, scales, biases, ..., dtype=float32), with affine
     scales/biases first cast to float32, so w = scale*q + bias is evaluated in f32 from the stored
     bf16 values (no bf16 rounding of the product); fp-mode (mxfp4/nvfp4/mxfp8) values are exact
@@ -41,6 +42,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 
 def parse_ids(s: str) -> list[int]:
@@ -86,7 +88,7 @@ def dequantize_to_f32(model: nn.Module) -> int:
     """Replaces quantized layers by dense float32 ones; returns how many were replaced."""
     dense = []
     for name, m in model.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
             biases = m.get("biases")
             w = mx.dequantize(
                 m.weight,
@@ -97,7 +99,13 @@ def dequantize_to_f32(model: nn.Module) -> int:
                 mode=m.mode,
                 dtype=mx.float32,
             )
-            if isinstance(m, nn.QuantizedLinear):
+            if isinstance(m, QuantizedSwitchLinear):
+                # Stacked experts [E, out, in] (MoE families): the same dequantize per expert.
+                has_bias = "bias" in m
+                d = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias=has_bias)
+                if has_bias:
+                    d.bias = m.bias.astype(mx.float32)
+            elif isinstance(m, nn.QuantizedLinear):
                 has_bias = "bias" in m
                 d = nn.Linear(w.shape[1], w.shape[0], bias=has_bias)
                 if has_bias:

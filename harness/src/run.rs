@@ -143,6 +143,18 @@ impl RunArgs {
                     "gdn=chunked",
                 ],
             ),
+            (
+                "parity gdn=perstep vs gdn=chunked (qwen3_5_moe:tiny)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "qwen3_5_moe:tiny",
+                    "--a",
+                    "gdn=perstep",
+                    "--b",
+                    "gdn=chunked",
+                ],
+            ),
         ];
         if mlx {
             plan.extend([
@@ -176,6 +188,18 @@ impl RunArgs {
                         "parity",
                         "--synth",
                         "lfm2:tiny",
+                        "--a",
+                        "backend=cpu",
+                        "--b",
+                        "backend=mlx",
+                    ],
+                ),
+                (
+                    "parity backend=cpu vs backend=mlx (qwen3_5_moe:tiny)",
+                    vec![
+                        "parity",
+                        "--synth",
+                        "qwen3_5_moe:tiny",
                         "--a",
                         "backend=cpu",
                         "--b",

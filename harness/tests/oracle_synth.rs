@@ -1,6 +1,6 @@
 //! Conformance with mlx-lm from the stored references (no Python at test time): every
 //! checkpoint mlx-lm wrote itself (MLX layout, every weight format) and every synthetic tiny
-//! checkpoint (both layouts), Qwen3, Qwen3.5 with both Gated DeltaNet paths, and LFM2. The same check
+//! checkpoint (both layouts), Qwen3, Qwen3.5 and Qwen3.5 MoE with both Gated DeltaNet paths, LFM2, Llama, MiniCPM and Gemma 4. The same check
 //! as `harness oracle check`. Built with `--features mlx`, the same cases also run on the MLX
 //! backend (MLX's CPU device here) against the same references.
 
@@ -55,6 +55,11 @@ mod on_mlx {
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::Chunked));
         check_on(Backend::Mlx, "synth/lfm2:", None);
+        check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::PerStep));
+        check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::Chunked));
+        for family in ATTENTION_FAMILIES {
+            check_on(Backend::Mlx, &format!("synth/{family}:"), None);
+        }
     }
 
     #[test]
@@ -120,6 +125,27 @@ fn synth_qwen3_5_matches_mlx_lm_per_step() {
 #[test]
 fn synth_qwen3_5_matches_mlx_lm_chunked() {
     check("synth/qwen3_5:", Some(GdnPath::Chunked));
+}
+
+#[test]
+fn synth_qwen3_5_moe_matches_mlx_lm_per_step() {
+    check("synth/qwen3_5_moe:", Some(GdnPath::PerStep));
+}
+
+#[test]
+fn synth_qwen3_5_moe_matches_mlx_lm_chunked() {
+    check("synth/qwen3_5_moe:", Some(GdnPath::Chunked));
+}
+
+/// The attention-only families after Qwen3 (synthetic references only: they share Qwen3's
+/// tensor names, so the synthetic folders already are mlx-lm's layout).
+const ATTENTION_FAMILIES: [&str; 3] = ["llama", "minicpm", "gemma4"];
+
+#[test]
+fn synth_llama_minicpm_and_gemma4_match_mlx_lm() {
+    for family in ATTENTION_FAMILIES {
+        check(&format!("synth/{family}:"), None);
+    }
 }
 
 #[test]

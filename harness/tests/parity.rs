@@ -61,7 +61,16 @@ fn a_path_against_itself_is_identical_with_zero_nmse() {
 
 #[test]
 fn perstep_and_chunked_gdn_do_not_diverge_early() {
-    let p = pipeline("qwen3_5:tiny");
+    perstep_vs_chunked("qwen3_5:tiny");
+}
+
+#[test]
+fn perstep_and_chunked_gdn_do_not_diverge_early_with_moe() {
+    perstep_vs_chunked("qwen3_5_moe:tiny");
+}
+
+fn perstep_vs_chunked(spec: &str) {
+    let p = pipeline(spec);
     let prompts = builtin_prompts(p.first().unwrap(), 8).unwrap();
     assert!(
         prompts.iter().any(|p| p.len() > 128),
@@ -69,7 +78,7 @@ fn perstep_and_chunked_gdn_do_not_diverge_early() {
     );
     let a = parse_path("gdn=perstep").unwrap();
     let b = parse_path("gdn=chunked").unwrap();
-    let report = run(&p, "qwen3_5:tiny", &prompts, a, b, 24, |r| {
+    let report = run(&p, spec, &prompts, a, b, 24, |r| {
         eprintln!(
             "prompt {} ({} tokens): {} NMSE {:.3e}",
             r.index, r.prompt_tokens, r.verdict, r.logits_nmse
@@ -207,6 +216,16 @@ mod cpu_vs_mlx {
     fn lfm2_cpu_and_mlx_agree_in_every_format() {
         for f in LFM2_FORMATS {
             cpu_vs_mlx(&format!("lfm2:tiny:{f}"), "gdn=auto");
+        }
+    }
+
+    /// MoE: MLX's gather_mm / gather_qmm against the CPU's grouped matmuls.
+    #[test]
+    fn qwen3_5_moe_cpu_and_mlx_agree_on_both_gdn_paths() {
+        for f in QWEN3_5_FORMATS {
+            for gdn in ["gdn=perstep", "gdn=chunked"] {
+                cpu_vs_mlx(&format!("qwen3_5_moe:tiny:{f}"), gdn);
+            }
         }
     }
 }

@@ -67,3 +67,21 @@ extern "C" __global__ void any_nonfinite(const float* x, i64 n, u32* flag) {
     // All-ones exponent bits: infinity or NaN.
     if (i < n && (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u) atomicOr(flag, 1u);
 }
+
+// Sparse MoE combine: y [T*k, n] rows of each token's k experts, w [T*k] their weights;
+// out [T, n] = sum_j w[t*k+j] * y[t*k+j] (j in order, as the CPU sums), plus scale[t] * shared[t]
+// when has_shared (shared [T, n], scale [T]).
+extern "C" __global__ void moe_combine(const float* y, const float* w, const float* shared,
+                                       const float* scale, float* out, i64 tokens, int k, int n,
+                                       int has_shared) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens * n) return;
+    i64 t = i / n, c = i % n;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        i64 p = t * k + j;
+        acc = acc + __fmul_rn(y[p * n + c], w[p]);
+    }
+    if (has_shared) acc = acc + __fmul_rn(scale[t], shared[i]);
+    out[i] = acc;
+}

@@ -233,6 +233,17 @@ impl Weight {
         self.rows() * self.cols()
     }
 
+    /// Bytes of the stored tensors (packed codes, scales and biases when quantized).
+    pub fn stored_bytes(&self) -> usize {
+        let size = |t: &crate::Tensor| t.numel() * t.dtype().size_in_bytes();
+        match self {
+            Weight::Dense(t) => size(t),
+            Weight::Quant(q) => {
+                size(&q.packed) + size(&q.scales) + q.biases.as_ref().map_or(0, size)
+            }
+        }
+    }
+
     /// Where the weight's tensors live (a quantized weight's packed codes decide).
     pub fn device(&self) -> crate::Device {
         match self {

@@ -461,7 +461,46 @@ fn all_cases() -> Vec<Case> {
     elementwise_cases(&mut cases);
     attention_cases(&mut cases);
     gdn_cases(&mut cases);
+    moe_cases(&mut cases);
     cases
+}
+
+/// The MoE ops: `gather_matmul` over a stacked weight of 8 experts in every format (CUDA runs
+/// the grouped per-expert matmuls on the device), decode- and prefill-shaped, and the combine.
+fn moe_cases(cases: &mut Vec<Case>) {
+    let (e, n, k) = (8, 16, 256);
+    for (fmt, w) in weights(e * n, k, 51) {
+        for tokens in [1usize, 40] {
+            let (w, x) = (w.clone(), host(&[tokens, k], 52));
+            let rows: Vec<u32> = (0..tokens as u32).flat_map(|t| [t, t]).collect();
+            let ids: Vec<u32> = (0..tokens as u32)
+                .flat_map(|t| [t % 5, (t + 2) % 5])
+                .collect();
+            cases.push(case(
+                format!("gather_matmul {fmt} t={tokens}"),
+                MATMUL,
+                move |d| {
+                    let w = w.to_device(d)?;
+                    Ok(Out::Tensors(vec![ops::gather_matmul(
+                        &on(d, &x),
+                        &w,
+                        e,
+                        &rows,
+                        &ids,
+                    )?]))
+                },
+            ));
+        }
+    }
+    let (y, s, g) = (host(&[12, 40], 53), host(&[4, 40], 54), host(&[4, 1], 55));
+    let w = values(12, 56);
+    cases.push(case("moe_combine shared", ELEMENTWISE, move |d| {
+        let (y, s, g) = (on(d, &y), on(d, &s), on(d, &g));
+        Ok(Out::Tensors(vec![
+            ops::moe_combine(&y, &w, 3, Some((&s, &g)))?,
+            ops::moe_combine(&y, &w, 3, None)?,
+        ]))
+    }));
 }
 
 #[test]

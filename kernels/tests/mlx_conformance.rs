@@ -5,7 +5,7 @@
 #![cfg(feature = "mlx")]
 
 mod common;
-use common::{mlx, values};
+use common::{formats, mlx, poison, values, weight_in};
 
 use half::bf16;
 use kernels::ops::{self, RopeLayout};
@@ -549,4 +549,50 @@ fn narrow_on_mlx_stays_on_mlx_and_copies_the_same_values() {
     }
     let got = mlx(&x).narrow0(3, 1).unwrap();
     assert_eq!(back(&got), x.narrow0(3, 1).unwrap().to_vec_f32().unwrap());
+}
+
+/// The MoE ops: `gather_matmul` on MLX (its `gather_mm` / `gather_qmm`) against the CPU's
+/// grouped matmuls in every weight format, decode- and prefill-shaped; the unselected experts
+/// poisoned with NaN must leave MLX's result bit-identical too; routing and combine.
+#[test]
+fn moe_ops_every_format_and_only_selected_experts() {
+    let (e, n, k) = (8, 32, 128);
+    let x = host(&[40, k], 41);
+    for (name, spec, dtype) in formats() {
+        let w = weight_in(&values(e * n * k, 42), e * n, k, spec, dtype);
+        let resident = w.to_device(Device::Mlx).unwrap();
+        let poisoned = poison(&w, e, &[0, 1, 2, 3, 4])
+            .to_device(Device::Mlx)
+            .unwrap();
+        for tokens in [1usize, 40] {
+            let rows: Vec<u32> = (0..tokens as u32).flat_map(|t| [t, t]).collect();
+            let ids: Vec<u32> = (0..tokens as u32)
+                .flat_map(|t| [t % 5, (t + 2) % 5])
+                .collect();
+            let cpu = ops::gather_matmul(&x, &w, e, &rows, &ids).unwrap();
+            let got = ops::gather_matmul(&mlx(&x), &resident, e, &rows, &ids).unwrap();
+            check(
+                &format!("gather_matmul {name}, {tokens} tokens"),
+                &cpu,
+                &got,
+                MATMUL,
+            );
+            let dirty = ops::gather_matmul(&mlx(&x), &poisoned, e, &rows, &ids).unwrap();
+            assert_eq!(
+                back(&got),
+                back(&dirty),
+                "{name}: MLX read an unselected expert"
+            );
+        }
+    }
+    let logits = host(&[9, 16], 43);
+    assert_eq!(
+        ops::moe_route(&logits, 4, true).unwrap().experts,
+        ops::moe_route(&mlx(&logits), 4, true).unwrap().experts
+    );
+    let (y, s, g) = (host(&[12, 40], 44), host(&[4, 40], 45), host(&[4, 1], 46));
+    let w = values(12, 47);
+    let cpu = ops::moe_combine(&y, &w, 3, Some((&s, &g))).unwrap();
+    let got = ops::moe_combine(&mlx(&y), &w, 3, Some((&mlx(&s), &mlx(&g)))).unwrap();
+    check("moe_combine", &cpu, &got, ELEMENTWISE);
 }

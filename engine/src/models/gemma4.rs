@@ -457,6 +457,7 @@ impl Gemma4 {
             context_length: context,
             vocab_size: vocab,
             hidden_size: hidden,
+            moe: None,
         };
         Ok(Gemma4 {
             info,

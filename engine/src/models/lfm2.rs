@@ -383,6 +383,7 @@ impl Lfm2 {
             context_length: s.context,
             vocab_size: s.vocab,
             hidden_size: s.hidden,
+            moe: None,
         };
         Ok(Lfm2 {
             info,

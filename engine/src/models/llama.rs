@@ -242,6 +242,7 @@ impl Llama {
             context_length: context,
             vocab_size: vocab,
             hidden_size: hidden,
+            moe: None,
         };
         Ok(Llama {
             info,

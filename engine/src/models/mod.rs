@@ -26,6 +26,25 @@ pub struct ModelInfo {
     pub context_length: usize,
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// Sparse families only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeInfo>,
+}
+
+/// What a sparse mixture-of-experts model uses per token.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MoeInfo {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub expert_width: usize,
+    /// 0 when the model has no shared expert.
+    pub shared_expert_width: usize,
+    /// Parameters a token uses: all but the unselected experts'.
+    pub active_parameters: usize,
+    /// Bytes of every weight matrix as stored (embedding and head once when tied).
+    pub weight_bytes: usize,
+    /// Of those, the bytes a decode token reads: all but the unselected experts'.
+    pub active_weight_bytes: usize,
 }
 
 /// A decoder-only language model: a forward over any number of new tokens that extends a
@@ -66,8 +85,10 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
         "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
+        // The same hybrid with sparse MLPs (one loader, see qwen3_5.rs).
+        t if qwen3_5::is_moe_type(t) => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, llama, minicpm, qwen3, qwen3_5)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, llama, minicpm, qwen3, qwen3_5, qwen3_5_moe)",
             dir.join("config.json").display()
         ),
     }

@@ -1,6 +1,8 @@
-//! Qwen3.5 dense: a hybrid of Gated DeltaNet linear attention and gated full attention
-//! (three linear layers, then one full, by default), SwiGLU MLPs, pre-norm blocks, and an
-//! optional MTP head (`mtp.*`) kept for speculative decoding.
+//! Qwen3.5 dense and Qwen3.5/3.6 MoE: a hybrid of Gated DeltaNet linear attention and gated
+//! full attention (three linear layers, then one full, by default), pre-norm blocks, and an
+//! optional MTP head (`mtp.*`) kept for speculative decoding. The two families differ only in
+//! the MLP: SwiGLU in the dense one, a sparse mixture of experts with a shared expert in every
+//! layer (MTP layers included) of `qwen3_5_moe` (see [`crate::layers::moe`]).
 //!
 //! Facts checked against mlx-lm 0.32 (`qwen3_5.py`, `qwen3_next.py`, `gated_delta.py`) and
 //! transformers 5.24 (`modeling_qwen3_5.py`, `configuration_qwen3_5.py`):
@@ -18,11 +20,12 @@ use anyhow::{bail, ensure, Result};
 use kernels::{ops, ops::RopeLayout, Tensor, Weight};
 use serde_json::Value;
 
-use super::{CausalLm, ModelInfo};
+use super::{CausalLm, ModelInfo, MoeInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::ModelConfig;
 use crate::layers::{
-    AttentionConfig, GatedDeltaNet, GdnConfig, GdnPath, GqaAttention, Linear, RmsNorm, Rope, SwiGlu,
+    AttentionConfig, GatedDeltaNet, GdnConfig, GdnPath, GqaAttention, Linear, MoeConfig, RmsNorm,
+    Rope, SparseMoe, SwiGlu,
 };
 use crate::weights::WeightStore;
 
@@ -108,13 +111,44 @@ pub enum Mixer {
     Full(GqaAttention),
 }
 
+/// The MLP of a decoder layer: dense SwiGLU (`qwen3_5`) or sparse experts (`qwen3_5_moe`).
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    Dense(SwiGlu),
+    Sparse(SparseMoe),
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Dense(m) => m.forward(x),
+            Mlp::Sparse(m) => m.forward(x),
+        }
+    }
+
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        match self {
+            Mlp::Dense(m) => m.to_device(device),
+            Mlp::Sparse(m) => m.to_device(device),
+        }
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        match self {
+            Mlp::Dense(m) => vec![&m.gate.weight, &m.up.weight, &m.down.weight],
+            Mlp::Sparse(m) => m.weights(),
+        }
+    }
+}
+
 /// One pre-norm decoder layer: `x + mixer(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_norm: RmsNorm,
     pub mixer: Mixer,
     pub post_norm: RmsNorm,
-    pub mlp: SwiGlu,
+    pub mlp: Mlp,
 }
 
 impl DecoderLayer {
@@ -148,11 +182,7 @@ impl DecoderLayer {
                 .map(|l| &l.weight)
                 .collect(),
         };
-        w.extend([
-            &self.mlp.gate.weight,
-            &self.mlp.up.weight,
-            &self.mlp.down.weight,
-        ]);
+        w.extend(self.mlp.weights());
         w
     }
 
@@ -200,6 +230,13 @@ struct Shape {
     full_attention: Vec<bool>,
     rope: Rope,
     tied: bool,
+    /// The sparse MLP of `qwen3_5_moe`; `None` for the dense family.
+    moe: Option<MoeConfig>,
+}
+
+/// Whether `model_type` names the MoE family (root or nested text config).
+pub fn is_moe_type(model_type: &str) -> bool {
+    matches!(model_type, "qwen3_5_moe" | "qwen3_5_moe_text")
 }
 
 impl Shape {
@@ -215,9 +252,13 @@ impl Shape {
             heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
             "{file}: fields `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})"
         );
-        if cfg.usize_or("num_experts", 0)? > 0 {
+        let moe = if is_moe_type(&cfg.model_type) {
+            Some(moe_config(cfg, hidden)?)
+        } else if cfg.usize_or("num_experts", 0)? > 0 {
             bail!("{file}: field `num_experts` > 0 describes Qwen3.5 MoE (model_type qwen3_5_moe), not the dense family");
-        }
+        } else {
+            None
+        };
         if cfg.bool_or("attention_bias", false)? {
             bail!("{file}: field `attention_bias` = true is not supported (Qwen3.5 has no attention biases)");
         }
@@ -241,7 +282,12 @@ impl Shape {
             heads,
             kv_heads,
             head_dim,
-            inter: cfg.width("intermediate_size")?,
+            // The MoE family's MLPs are sized by the expert widths instead.
+            inter: if moe.is_some() {
+                0
+            } else {
+                cfg.width("intermediate_size")?
+            },
             vocab: cfg.vocab_size()?,
             eps: cfg.rms_norm_eps(1e-6)?,
             context: cfg.context_length(32_768)?,
@@ -249,8 +295,30 @@ impl Shape {
             full_attention: layer_kinds(cfg, layers)?,
             rope: rope(cfg, head_dim)?,
             tied: cfg.bool_or("tie_word_embeddings", false)?,
+            moe,
         })
     }
+}
+
+/// The sparse MLP's widths (mlx-lm's defaults: `norm_topk_prob` true, no shared expert). Every
+/// layer is sparse, as in mlx-lm and transformers' Qwen3.5-MoE.
+fn moe_config(cfg: &ModelConfig, hidden: usize) -> Result<MoeConfig> {
+    let file = cfg.dir.join("config.json");
+    let file = file.display();
+    let experts = cfg.width("num_experts")?;
+    let top_k = cfg.width("num_experts_per_tok")?;
+    ensure!(
+        experts > 0 && top_k > 0 && top_k <= experts,
+        "{file}: field `num_experts_per_tok` ({top_k}) must be in 1..=`num_experts` ({experts})"
+    );
+    Ok(MoeConfig {
+        hidden,
+        experts,
+        top_k,
+        expert_width: cfg.width("moe_intermediate_size")?,
+        shared_width: cfg.width_or("shared_expert_intermediate_size", 0)?,
+        renormalize: cfg.bool_or("norm_topk_prob", true)?,
+    })
 }
 
 /// Which layers are full attention: `layer_types` when listed (it must agree with
@@ -407,13 +475,21 @@ impl Loader<'_> {
             input_norm: self.norm(&format!("{p}.input_layernorm.weight"), s.hidden)?,
             mixer,
             post_norm: self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?,
-            mlp: SwiGlu::load(
-                self.store,
-                &self.cfg.quant,
-                &format!("{p}.mlp"),
-                s.hidden,
-                s.inter,
-            )?,
+            mlp: match s.moe {
+                Some(m) => Mlp::Sparse(SparseMoe::load(
+                    self.store,
+                    &self.cfg.quant,
+                    &format!("{p}.mlp"),
+                    m,
+                )?),
+                None => Mlp::Dense(SwiGlu::load(
+                    self.store,
+                    &self.cfg.quant,
+                    &format!("{p}.mlp"),
+                    s.hidden,
+                    s.inter,
+                )?),
+            },
         })
     }
 
@@ -455,6 +531,32 @@ impl Loader<'_> {
                 .collect::<Result<_>>()?,
             norm: self.norm(&format!("{prefix}.norm.weight"), s.hidden)?,
         }))
+    }
+}
+
+/// What a decode token reads of a sparse model: everything but the `E − k` unselected experts
+/// of each layer (embedding rows are counted whole on both sides).
+fn moe_info(m: MoeConfig, all: &[&Weight], layers: &[DecoderLayer], parameters: usize) -> MoeInfo {
+    let experts: Vec<&Weight> = layers
+        .iter()
+        .filter_map(|l| match &l.mlp {
+            Mlp::Sparse(s) => Some(s.expert_weights()),
+            Mlp::Dense(_) => None,
+        })
+        .flatten()
+        .collect();
+    let unused = |total: usize| total / m.experts * (m.experts - m.top_k);
+    let expert_params: usize = experts.iter().map(|w| w.numel()).sum();
+    let expert_bytes: usize = experts.iter().map(|w| w.stored_bytes()).sum();
+    let weight_bytes: usize = all.iter().map(|w| w.stored_bytes()).sum();
+    MoeInfo {
+        experts: m.experts,
+        experts_per_token: m.top_k,
+        expert_width: m.expert_width,
+        shared_expert_width: m.shared_width,
+        active_parameters: parameters - unused(expert_params),
+        weight_bytes,
+        active_weight_bytes: weight_bytes - unused(expert_bytes),
     }
 }
 
@@ -501,8 +603,14 @@ impl Qwen3_5 {
             all.push(&lm_head);
         }
         parameters += all[1..].iter().map(|w| w.numel()).sum::<usize>();
+        let moe = s.moe.map(|m| moe_info(m, &all, &layers, parameters));
         let info = ModelInfo {
-            family: "qwen3_5".into(),
+            family: if s.moe.is_some() {
+                "qwen3_5_moe"
+            } else {
+                "qwen3_5"
+            }
+            .into(),
             parameters,
             weight_formats: super::formats(all),
             layer_kinds: s
@@ -520,6 +628,7 @@ impl Qwen3_5 {
             context_length: s.context,
             vocab_size: s.vocab,
             hidden_size: s.hidden,
+            moe,
         };
         Ok(Qwen3_5 {
             info,

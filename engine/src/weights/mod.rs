@@ -230,6 +230,32 @@ impl WeightStore {
         rows: usize,
         cols: usize,
     ) -> Result<Weight> {
+        self.weight_stacked_as(prefix, spec, None, rows, cols)
+    }
+
+    /// A stack of `experts` matrices `[rows, cols]` stored as one `[experts, rows, cols]`
+    /// tensor (mlx-lm's `SwitchLinear`; quantized along `cols` like a linear), returned as the
+    /// flat `[experts·rows, cols]` weight whose rows `e·rows..` are expert `e`.
+    pub fn stacked_weight(
+        &self,
+        prefix: &str,
+        spec: Option<QuantSpec>,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight> {
+        self.weight_stacked_as(prefix, spec, Some(experts), rows, cols)
+    }
+
+    fn weight_stacked_as(
+        &self,
+        prefix: &str,
+        spec: Option<QuantSpec>,
+        experts: Option<usize>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight> {
+        let lead: Vec<usize> = experts.into_iter().collect();
         let wname = format!("{prefix}.weight");
         let sname = format!("{prefix}.scales");
         let bname = format!("{prefix}.biases");
@@ -248,13 +274,15 @@ impl WeightStore {
                     w.dtype()
                 );
             }
-            if w.shape() != [rows, cols] {
+            let want = [&lead[..], &[rows, cols]].concat();
+            if w.shape() != want {
                 bail!(
-                    "{file}: tensor `{wname}` has shape {:?}, expected [{rows}, {cols}]",
+                    "{file}: tensor `{wname}` has shape {:?}, expected {want:?}",
                     w.shape()
                 );
             }
-            return Ok(Weight::Dense(w));
+            let flat = lead.iter().product::<usize>() * rows;
+            return Ok(Weight::Dense(w.reshape(&[flat, cols])?));
         }
         let Some(spec) = spec else {
             bail!(
@@ -281,6 +309,17 @@ impl WeightStore {
             }
             None
         };
+        let want_lead = [&lead[..], &[rows]].concat();
+        let stacked_ok =
+            w.dims() == want_lead.len() + 1 && w.shape()[..want_lead.len()] == want_lead[..];
+        if experts.is_some() && !stacked_ok {
+            bail!(
+                "{file}: tensor `{wname}` has shape {:?}, expected {want_lead:?} followed by \
+                 the packed columns",
+                w.shape()
+            );
+        }
+        let rows_all = lead.iter().product::<usize>() * rows;
         let q = QuantWeight::new(spec, w, scales, biases, prefix).map_err(|e| {
             anyhow!(
                 "{file}: `{prefix}` does not fit config.json's quantization (mode {}, bits {}, \
@@ -290,9 +329,9 @@ impl WeightStore {
                 spec.group_size
             )
         })?;
-        if (q.rows, q.cols) != (rows, cols) {
+        if (q.rows, q.cols) != (rows_all, cols) {
             bail!(
-                "{file}: `{prefix}` unpacks to [{}, {}] with {} bits, expected [{rows}, {cols}] \
+                "{file}: `{prefix}` unpacks to [{}, {}] with {} bits, expected [{rows_all}, {cols}] \
                  (wrong `bits` in config.json's quantization, or a wrong model shape)",
                 q.rows,
                 q.cols,

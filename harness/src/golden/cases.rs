@@ -32,6 +32,11 @@ pub const MATRIX: &[Row] = &[
         paths: &["gdn=perstep", "gdn=chunked"],
     },
     Row {
+        family: "qwen3_5_moe",
+        formats: Format::ALL,
+        paths: &["gdn=perstep", "gdn=chunked"],
+    },
+    Row {
         family: "llama",
         formats: Format::ALL,
         paths: &["default"],

@@ -11,7 +11,15 @@ use crate::models;
 use crate::synth::{Format, Layout, Size, SynthSpec};
 
 /// Families with references on synthetic checkpoints.
-pub const FAMILIES: &[&str] = &["qwen3", "qwen3_5", "lfm2", "llama", "minicpm", "gemma4"];
+pub const FAMILIES: &[&str] = &[
+    "qwen3",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+    "llama",
+    "minicpm",
+    "gemma4",
+];
 
 /// Families that also have folders written by mlx-lm's own save functions (the later families
 /// share Qwen3's tensor names, so their synthetic folders already are mlx-lm's layout).

@@ -34,6 +34,10 @@ pub enum Store {
     Matrix,
     /// Always the format's float dtype (f32 or bf16): norms and other small tensors.
     Float,
+    /// A Linear weight that quantized formats keep at 8 bits (affine, group 64) whatever their
+    /// own setting, as mlx-lm's MoE `quant_predicate` does for routers and the shared-expert
+    /// gate (the family lists it in config.json's `quantization`).
+    Matrix8,
     /// Float32 in every format, as mlx-lm keeps some parameters (its `cast_predicate`, e.g.
     /// Gated DeltaNet's `A_log`) and as some original checkpoints store them.
     F32,
@@ -51,6 +55,10 @@ pub struct TensorPlan {
     /// gets the same values in every layout (e.g. Qwen3.5's `model.language_model.*` and
     /// `language_model.model.*`).
     pub seed_name: Option<String>,
+    /// Values made of two tensors of half this one's dim 1, drawn under these names and
+    /// concatenated along dim 1 per index of dim 0 (an original checkpoint's fused
+    /// `gate_up_proj` `[E, 2·I, H]`, drawn as the MLX layout's `gate_proj` and `up_proj`).
+    pub fused_from: Option<[String; 2]>,
 }
 
 impl TensorPlan {
@@ -61,7 +69,14 @@ impl TensorPlan {
             init,
             store,
             seed_name: None,
+            fused_from: None,
         }
+    }
+
+    /// Draws the values as two halves fused along dim 1 (see [`TensorPlan::fused_from`]).
+    pub fn fused_from(mut self, first: impl Into<String>, second: impl Into<String>) -> TensorPlan {
+        self.fused_from = Some([first.into(), second.into()]);
+        self
     }
 
     /// Draws the values as if the tensor were named `name`.

@@ -22,6 +22,21 @@ const QUANT_BLOCK: usize = 1 << 20;
 
 /// The values of `t` for checkpoint seed `seed`, in f32.
 pub fn generate(t: &TensorPlan, seed: u64) -> Vec<f32> {
+    if let Some([a, b]) = &t.fused_from {
+        let mut half = t.clone();
+        half.fused_from = None;
+        half.shape[1] /= 2;
+        let (x, y) = (
+            generate(&half.clone().seeded_as(a.as_str()), seed),
+            generate(&half.seeded_as(b.as_str()), seed),
+        );
+        let block = x.len() / t.shape[0].max(1);
+        return x
+            .chunks(block)
+            .zip(y.chunks(block))
+            .flat_map(|(x, y)| x.iter().chain(y).copied())
+            .collect();
+    }
     let base = tensor_seed(seed, t.value_name());
     let n = t.numel();
     let mut v = vec![0f32; n];
@@ -49,7 +64,7 @@ pub fn generate(t: &TensorPlan, seed: u64) -> Vec<f32> {
 fn float_dtype(t: &TensorPlan, format: Format) -> DType {
     match t.store {
         Store::F32 => DType::F32,
-        Store::Matrix | Store::Float => format.float_dtype(),
+        Store::Matrix | Store::Matrix8 | Store::Float => format.float_dtype(),
     }
 }
 
@@ -58,8 +73,21 @@ fn float_dtype(t: &TensorPlan, format: Format) -> DType {
 fn quant_of(t: &TensorPlan, format: Format) -> Option<QuantSpec> {
     let q = format.quant_spec()?;
     let cols = *t.shape.last()?;
-    (t.store == Store::Matrix && t.shape.len() >= 2 && cols % q.group_size == 0).then_some(q)
+    // mlx-lm checks the folder's own group size before asking the family's predicate.
+    let eligible = t.shape.len() >= 2 && cols % q.group_size == 0;
+    match t.store {
+        Store::Matrix if eligible => Some(q),
+        Store::Matrix8 if eligible => Some(MATRIX8),
+        _ => None,
+    }
 }
+
+/// The quantization of [`Store::Matrix8`] tensors.
+pub const MATRIX8: QuantSpec = QuantSpec {
+    mode: QuantMode::Affine,
+    bits: 8,
+    group_size: 64,
+};
 
 fn quant_prefix(t: &TensorPlan) -> Result<&str> {
     match t.name.strip_suffix(".weight") {

@@ -10,6 +10,7 @@ mod dequant_avx2;
 pub mod gdn;
 pub mod matmul;
 pub mod minifloat;
+pub mod moe;
 pub mod norm;
 #[cfg(target_arch = "x86_64")]
 mod qmatvec_avx2;

@@ -153,3 +153,39 @@ pub(crate) fn all_finite(x: &Tensor) -> Result<bool> {
     )?;
     Ok(read_back::<u32>(&flag)?[0] == 0)
 }
+
+/// The sparse MoE combine (see `ops::moe_combine`): weights come from the host (routing ran
+/// there); without a shared expert its pointers are the output's, never read.
+pub(crate) fn moe_combine(
+    y: &Tensor,
+    weights: &[f32],
+    top_k: usize,
+    shared: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    let op = "moe_combine";
+    let y = on_device(y)?;
+    let n = y.dim(1);
+    let tokens = y.dim(0) / top_k;
+    let out = empty(&[tokens, n], DType::F32)?;
+    let w = super::upload_slice(&[weights.len()], DType::F32, weights)?;
+    let shared = match shared {
+        Some((s, g)) => Some((f32_on_device(op, s)?, f32_on_device(op, g)?)),
+        None => None,
+    };
+    if tokens * n > 0 {
+        let (yp, wp, op_) = (ptr(&y)?, ptr(&w)?, ptr(&out)?);
+        let (sp, gp) = match &shared {
+            Some((s, g)) => (ptr(s)?, ptr(g)?),
+            None => (op_, op_),
+        };
+        let (t, k, n_) = (tokens as i64, int(op, "k", top_k)?, int(op, "n", n)?);
+        let has = shared.is_some() as i32;
+        gpu()?.launch(
+            &ELEMENTWISE,
+            "moe_combine",
+            elements(op, tokens * n)?,
+            &[&yp, &wp, &sp, &gp, &op_, &t, &k, &n_, &has],
+        )?;
+    }
+    Ok(out)
+}

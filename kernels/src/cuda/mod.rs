@@ -22,7 +22,9 @@ mod signature;
 pub mod sources;
 
 pub use context::{device_name, probe};
-pub(crate) use elementwise::{add, all_finite, kv_write, mul, narrow, scale, swiglu, unary, Unary};
+pub(crate) use elementwise::{
+    add, all_finite, kv_write, moe_combine, mul, narrow, scale, swiglu, unary, Unary,
+};
 pub(crate) use gdn::{causal_conv1d, gdn_chunked, gdn_gate, gdn_recurrent};
 pub(crate) use matmul::{embedding, matmul, resident_weight};
 pub(crate) use rows::{argmax, attention, log_softmax, rms_norm, rope, softmax, top_k};

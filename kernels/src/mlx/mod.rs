@@ -7,6 +7,7 @@ pub mod device;
 pub mod gdn;
 #[cfg(feature = "metal")]
 pub mod metal;
+pub mod moe;
 pub mod more;
 pub mod ops;
 

@@ -76,7 +76,7 @@ pub fn resident_weight(w: &Weight) -> Result<Weight> {
 }
 
 /// mlx-c's name of a quantization mode.
-fn mode_name(mode: QuantMode) -> &'static CStr {
+pub(crate) fn mode_name(mode: QuantMode) -> &'static CStr {
     match mode {
         QuantMode::Affine => c"affine",
         QuantMode::Mxfp4 => c"mxfp4",
@@ -85,7 +85,7 @@ fn mode_name(mode: QuantMode) -> &'static CStr {
     }
 }
 
-fn some_int(v: usize) -> mlx_sys::mlx_optional_int {
+pub(crate) fn some_int(v: usize) -> mlx_sys::mlx_optional_int {
     mlx_sys::mlx_optional_int {
         value: v as i32,
         has_value: true,
@@ -93,7 +93,7 @@ fn some_int(v: usize) -> mlx_sys::mlx_optional_int {
 }
 
 /// An absent optional array argument of mlx-c (a handle with no array behind it).
-fn no_array() -> Array {
+pub(crate) fn no_array() -> Array {
     // SAFETY: `mlx_array_new` returns an empty handle, which mlx-c reads as "none" and which
     // `Array`'s drop frees harmlessly (mlx-rs passes absent arrays the same way).
     unsafe { Array::from_ptr(mlx_sys::mlx_array_new()) }
@@ -101,7 +101,7 @@ fn no_array() -> Array {
 
 /// Calls an mlx-c op that mlx-rs 0.33 does not wrap with the arguments we need (a quantization
 /// `mode`, slice updates with plain ranges): `f` gets the result slot and the stream.
-fn raw_op(
+pub(crate) fn raw_op(
     op: &'static str,
     f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
 ) -> Result<Array> {

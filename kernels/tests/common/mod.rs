@@ -49,3 +49,80 @@ pub fn nmse(what: &str, reference: &Tensor, got: &Tensor) -> f64 {
     }
     num / den.max(f64::MIN_POSITIVE)
 }
+
+/// Every weight format a model loads: the dense dtypes and each quantization mode.
+pub fn formats() -> Vec<(&'static str, Option<kernels::QuantSpec>, kernels::DType)> {
+    use kernels::{DType, QuantMode, QuantSpec};
+    let q = |m, b, g| Some(QuantSpec::new(m, b, g).unwrap());
+    vec![
+        ("f32", None, DType::F32),
+        ("bf16", None, DType::BF16),
+        ("f16", None, DType::F16),
+        ("q4", q(QuantMode::Affine, 4, 64), DType::BF16),
+        ("q8", q(QuantMode::Affine, 8, 64), DType::BF16),
+        ("mxfp4", q(QuantMode::Mxfp4, 4, 32), DType::BF16),
+        ("nvfp4", q(QuantMode::Nvfp4, 4, 16), DType::BF16),
+        ("mxfp8", q(QuantMode::Mxfp8, 8, 32), DType::BF16),
+    ]
+}
+
+/// A `[rows, cols]` weight of `values` in a format of [`formats`].
+pub fn weight_in(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    spec: Option<kernels::QuantSpec>,
+    dtype: kernels::DType,
+) -> kernels::Weight {
+    use kernels::{DType, Weight};
+    match spec {
+        Some(s) => Weight::Quant(kernels::quant::quantize(values, rows, cols, s, dtype).unwrap()),
+        None => Weight::Dense(match dtype {
+            DType::F32 => Tensor::from_f32(&[rows, cols], values.to_vec()).unwrap(),
+            DType::BF16 => {
+                let v: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                Tensor::from_slice(&[rows, cols], DType::BF16, &v).unwrap()
+            }
+            _ => {
+                let v: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+                Tensor::from_slice(&[rows, cols], DType::F16, &v).unwrap()
+            }
+        }),
+    }
+}
+
+/// `w` (a stacked `[E·N, K]` weight of `experts` experts) with every expert not in `keep`
+/// overwritten by non-finite values: NaN floats, NaN affine scales/biases, and all-ones scale
+/// codes for the fp modes (NaN or inf once decoded). Any read of such an expert poisons the result.
+pub fn poison(w: &kernels::Weight, experts: usize, keep: &[usize]) -> kernels::Weight {
+    use kernels::{DType, Weight};
+    let rows = w.rows() / experts;
+    // Rows of a host tensor with its poisoned experts replaced by `bad` (one element's bytes).
+    let spoil = |t: &Tensor, bad: &[u8]| -> Tensor {
+        let mut bytes = t.raw_bytes().unwrap().to_vec();
+        let per_row = bytes.len() / t.dim(0);
+        for e in (0..experts).filter(|e| !keep.contains(e)) {
+            for chunk in bytes[e * rows * per_row..(e + 1) * rows * per_row].chunks_mut(bad.len()) {
+                chunk.copy_from_slice(bad);
+            }
+        }
+        Tensor::from_bytes(t.shape(), t.dtype(), kernels::Bytes::from_vec(bytes)).unwrap()
+    };
+    let nan = |d: DType| -> Vec<u8> {
+        match d {
+            DType::F32 => f32::NAN.to_le_bytes().to_vec(),
+            DType::BF16 => half::bf16::NAN.to_le_bytes().to_vec(),
+            DType::F16 => half::f16::NAN.to_le_bytes().to_vec(),
+            _ => vec![0xFF],
+        }
+    };
+    match w {
+        Weight::Dense(t) => Weight::Dense(spoil(t, &nan(t.dtype()))),
+        Weight::Quant(q) => {
+            let mut p = q.clone();
+            p.scales = spoil(&q.scales, &nan(q.scales.dtype()));
+            p.biases = q.biases.as_ref().map(|b| spoil(b, &nan(b.dtype())));
+            Weight::Quant(p)
+        }
+    }
+}

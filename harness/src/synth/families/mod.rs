@@ -26,7 +26,8 @@ pub trait Family: Sync {
 
 const FAMILIES: &[&dyn Family] = &[
     &qwen3::Qwen3,
-    &qwen3_5::Qwen3_5,
+    &qwen3_5::Qwen3_5 { moe: false },
+    &qwen3_5::Qwen3_5 { moe: true },
     &lfm2::Lfm2,
     &llama::Llama,
     &llama::MiniCpm,

@@ -15,6 +15,12 @@
 //!
 //! Both layouts of one seed hold the same model: values are drawn under the mlx name, and a norm's
 //! offset form is drawn from the same noise as its multiplier form.
+//!
+//! The same writer makes Qwen3.5/3.6 MoE (`qwen3_5_moe`): every MLP is a sparse block — router
+//! `mlp.gate`, routed experts and a shared expert with its `shared_expert_gate` — stored as
+//! mlx-lm writes it (`mlp.switch_mlp.{gate,up,down}_proj` `[E, out, in]`; router and shared-expert
+//! gate at 8 bits in quantized folders, listed in `quantization`) or as the original checkpoint
+//! has it (`mlp.experts.gate_up_proj` `[E, 2·I, H]`, `mlp.experts.down_proj` `[E, H, I]`).
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -23,7 +29,10 @@ use super::qwen3::qwen_tokenizer;
 use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
 use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
 
-pub struct Qwen3_5;
+/// `moe: false` is Qwen3.5 dense, `true` Qwen3.5/3.6 MoE.
+pub struct Qwen3_5 {
+    pub moe: bool,
+}
 
 struct Dims {
     hidden: usize,
@@ -45,6 +54,15 @@ struct Dims {
     max_positions: usize,
     /// The vision tower described by `vision_config` (no weights are written for it).
     vision: VisionDims,
+    /// The sparse MLP of the MoE family (`intermediate` is then unused).
+    moe: Option<MoeDims>,
+}
+
+struct MoeDims {
+    experts: usize,
+    top_k: usize,
+    expert_width: usize,
+    shared_width: usize,
 }
 
 struct VisionDims {
@@ -54,7 +72,10 @@ struct VisionDims {
     intermediate: usize,
 }
 
-fn dims(size: Size) -> Dims {
+fn dims(size: Size, moe: bool) -> Dims {
+    if moe {
+        return moe_dims(size);
+    }
     match size {
         Size::Tiny => Dims {
             hidden: 128,
@@ -78,6 +99,7 @@ fn dims(size: Size) -> Dims {
                 heads: 2,
                 intermediate: 128,
             },
+            moe: None,
         },
         // Qwen3.5-0.8B's text model (Qwen/Qwen3.5-0.8B config.json, text_config): 24 layers, full
         // attention at 3, 7, …, 23; 16 key and 16 value heads of 128 in the linear layers; 8
@@ -104,6 +126,56 @@ fn dims(size: Size) -> Dims {
                 heads: 12,
                 intermediate: 3072,
             },
+            moe: None,
+        },
+    }
+}
+
+fn moe_dims(size: Size) -> Dims {
+    match size {
+        // Four layers like the dense tiny model; 8 experts of width 64, 2 routed per token.
+        Size::Tiny => Dims {
+            moe: Some(MoeDims {
+                experts: 8,
+                top_k: 2,
+                expert_width: 64,
+                shared_width: 64,
+            }),
+            ..dims(Size::Tiny, false)
+        },
+        // Qwen3.5-35B-A3B's per-token widths (transformers' `Qwen3_5MoeTextConfig` defaults are
+        // that checkpoint's): hidden 2048; 16 query / 2 KV heads of 256; 16 key / 32 value
+        // linear heads of 128; experts of width 512, 8 routed per token, a shared expert of 512;
+        // untied head of 248320 rows. Cut to 8 layers (full attention at 3 and 7) and 64 of its
+        // 256 experts, so the q4 folder is about 1.6 GB.
+        Size::Bench => Dims {
+            hidden: 2048,
+            intermediate: 0,
+            layers: 8,
+            interval: 4,
+            heads: 16,
+            kv_heads: 2,
+            head_dim: 256,
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv_kernel: 4,
+            vocab: 248_320,
+            tied: false,
+            max_positions: 262_144,
+            vision: VisionDims {
+                depth: 27,
+                hidden: 1152,
+                heads: 16,
+                intermediate: 4304,
+            },
+            moe: Some(MoeDims {
+                experts: 64,
+                top_k: 8,
+                expert_width: 512,
+                shared_width: 512,
+            }),
         },
     }
 }
@@ -163,17 +235,29 @@ const SPECIALS: [&str; 7] = [
 
 const TRANSFORMERS_VERSION: &str = "4.57.1";
 
+/// Router gain over 1/√hidden: router logits of std ~2 keep the top-k choice clear of
+/// near-ties, so two implementations that round differently pick the same experts.
+const ROUTER_GAIN: f32 = 2.0;
+
 impl super::Family for Qwen3_5 {
     fn name(&self) -> &'static str {
-        "qwen3_5"
+        if self.moe {
+            "qwen3_5_moe"
+        } else {
+            "qwen3_5"
+        }
     }
 
     fn about(&self) -> &'static str {
-        "Qwen3.5 dense, Gated DeltaNet + gated attention (tiny: 4 layers, hidden 128; bench: Qwen3.5-0.8B widths); hf layout includes mtp.*"
+        if self.moe {
+            "Qwen3.5/3.6 MoE, the Qwen3.5 hybrid with sparse expert MLPs (tiny: 4 layers, 8 experts, top-2; bench: Qwen3.5-35B-A3B widths, 8 layers, 64 experts); hf layout includes mtp.*"
+        } else {
+            "Qwen3.5 dense, Gated DeltaNet + gated attention (tiny: 4 layers, hidden 128; bench: Qwen3.5-0.8B widths); hf layout includes mtp.*"
+        }
     }
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
-        let d = dims(spec.size);
+        let d = dims(spec.size, self.moe);
         let tokenizer = qwen_tokenizer(d.vocab, &SPECIALS, d.max_positions);
         let id = |t: &str| {
             tokenizer
@@ -190,6 +274,9 @@ impl super::Family for Qwen3_5 {
         };
         let mut config = config(&d, spec, layout, &ids);
         insert_quantization(&mut config, spec.format);
+        if d.moe.is_some() {
+            insert_moe_overrides(&mut config, &d);
+        }
         let generation_config = json!({
             "bos_token_id": ids.endoftext,
             "do_sample": true,
@@ -226,6 +313,25 @@ fn mrope_section(rotary_dims: usize) -> [usize; 3] {
     [a, a, half - 2 * a]
 }
 
+/// mlx-lm's MoE `quant_predicate` keeps each router and shared-expert gate at 8 bits and records
+/// them in the `quantization` blocks by module path.
+fn insert_moe_overrides(config: &mut Value, d: &Dims) {
+    let eight = json!({"group_size": crate::synth::values::MATRIX8.group_size, "bits": crate::synth::values::MATRIX8.bits});
+    for key in ["quantization", "quantization_config"] {
+        let Some(block) = config.get_mut(key).and_then(|b| b.as_object_mut()) else {
+            continue;
+        };
+        for l in 0..d.layers {
+            for m in ["gate", "shared_expert_gate"] {
+                block.insert(
+                    format!("language_model.model.layers.{l}.mlp.{m}"),
+                    eight.clone(),
+                );
+            }
+        }
+    }
+}
+
 /// config.json as the published checkpoint has it (keys sorted, as transformers writes them), or
 /// as `mlx_lm.convert` rewrites it (the same content, `rope_type` renamed to `type`; the writer
 /// sorts the top level and the family's caller adds `quantization`).
@@ -252,7 +358,7 @@ fn config(d: &Dims, spec: &SynthSpec, layout: Layout, ids: &SpecialIds) -> Value
     rope.as_object_mut()
         .expect("a JSON object")
         .insert(rope_type_key.into(), json!("default"));
-    let text = json!({
+    let mut text = json!({
         "attention_bias": false,
         "attention_dropout": 0.0,
         "attn_output_gate": true,
@@ -287,11 +393,28 @@ fn config(d: &Dims, spec: &SynthSpec, layout: Layout, ids: &SpecialIds) -> Value
         "use_cache": true,
         "vocab_size": d.vocab,
     });
+    let (architecture, model_type) = match &d.moe {
+        None => ("Qwen3_5ForConditionalGeneration", "qwen3_5"),
+        Some(m) => {
+            let t = text.as_object_mut().expect("a JSON object");
+            t.remove("intermediate_size");
+            t.insert("model_type".into(), json!("qwen3_5_moe_text"));
+            t.insert("moe_intermediate_size".into(), json!(m.expert_width));
+            t.insert("num_experts".into(), json!(m.experts));
+            t.insert("num_experts_per_tok".into(), json!(m.top_k));
+            t.insert("router_aux_loss_coef".into(), json!(0.001));
+            t.insert(
+                "shared_expert_intermediate_size".into(),
+                json!(m.shared_width),
+            );
+            ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+        }
+    };
     let v = &d.vision;
     json!({
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "architectures": [architecture],
         "image_token_id": ids.image_pad,
-        "model_type": "qwen3_5",
+        "model_type": model_type,
         "text_config": text,
         "tie_word_embeddings": d.tied,
         "transformers_version": TRANSFORMERS_VERSION,
@@ -304,7 +427,7 @@ fn config(d: &Dims, spec: &SynthSpec, layout: Layout, ids: &SpecialIds) -> Value
             "in_channels": 3,
             "initializer_range": 0.02,
             "intermediate_size": v.intermediate,
-            "model_type": "qwen3_5",
+            "model_type": model_type,
             "num_heads": v.heads,
             "num_position_embeddings": 2304,
             "out_hidden_size": d.hidden,
@@ -449,6 +572,10 @@ impl Tensors<'_> {
         let d = self.d;
         self.decoder_norm(&format!("{p}.input_layernorm.weight"), d.hidden);
         self.decoder_norm(&format!("{p}.post_attention_layernorm.weight"), d.hidden);
+        if let Some(m) = &d.moe {
+            self.sparse_mlp(&format!("{p}.mlp"), m);
+            return;
+        }
         self.linear(
             &format!("{p}.mlp.gate_proj.weight"),
             d.intermediate,
@@ -460,6 +587,85 @@ impl Tensors<'_> {
             d.hidden,
             d.intermediate,
         );
+    }
+}
+
+impl Tensors<'_> {
+    /// A sparse MoE block at `p` (`layers.N.mlp` or `mtp.layers.0.mlp`).
+    fn sparse_mlp(&mut self, p: &str, m: &MoeDims) {
+        let (h, e, i) = (self.d.hidden, m.experts, m.expert_width);
+        let std = |gain: f32, fan_in: usize| gain / (fan_in as f32).sqrt();
+        self.push(
+            &format!("{p}.gate.weight"),
+            &[e, h],
+            Init::normal(std(ROUTER_GAIN, h)),
+            Store::Matrix8,
+        );
+        // Experts: drawn under the MLX names; the original layout fuses gate and up.
+        let mlx = |proj: &str| self.mlx_name(&format!("{p}.switch_mlp.{proj}.weight"));
+        match self.layout {
+            Layout::Mlx => {
+                for (proj, shape, gain) in [
+                    ("gate_proj", [e, i, h], 1.0),
+                    ("up_proj", [e, i, h], 1.0),
+                    ("down_proj", [e, h, i], RESIDUAL_GAIN),
+                ] {
+                    self.push(
+                        &format!("{p}.switch_mlp.{proj}.weight"),
+                        &shape,
+                        Init::normal(std(gain, shape[2])),
+                        Store::Matrix,
+                    );
+                }
+            }
+            Layout::Hf => {
+                let (gate, up, down) = (mlx("gate_proj"), mlx("up_proj"), mlx("down_proj"));
+                let fused = TensorPlan::new(
+                    self.hf_name(&format!("{p}.experts.gate_up_proj")),
+                    &[e, 2 * i, h],
+                    Init::normal(std(1.0, h)),
+                    Store::Matrix,
+                )
+                .fused_from(gate, up);
+                self.out.push(fused);
+                let down = TensorPlan::new(
+                    self.hf_name(&format!("{p}.experts.down_proj")),
+                    &[e, h, i],
+                    Init::normal(std(RESIDUAL_GAIN, i)),
+                    Store::Matrix,
+                )
+                .seeded_as(down);
+                self.out.push(down);
+            }
+        }
+        let s = format!("{p}.shared_expert");
+        self.linear(&format!("{s}.gate_proj.weight"), m.shared_width, h);
+        self.linear(&format!("{s}.up_proj.weight"), m.shared_width, h);
+        self.residual(&format!("{s}.down_proj.weight"), h, m.shared_width);
+        self.push(
+            &format!("{p}.shared_expert_gate.weight"),
+            &[1, h],
+            Init::normal(std(1.0, h)),
+            Store::Matrix8,
+        );
+    }
+
+    /// The name a decoder path (or an `mtp.*` name) has in the MLX layout, which seeds values.
+    fn mlx_name(&self, path: &str) -> String {
+        if path.starts_with("mtp.") {
+            path.to_string()
+        } else {
+            format!("language_model.model.{path}")
+        }
+    }
+
+    /// The name a decoder path (or an `mtp.*` name) has in the original layout.
+    fn hf_name(&self, path: &str) -> String {
+        if path.starts_with("mtp.") {
+            path.to_string()
+        } else {
+            format!("model.language_model.{path}")
+        }
     }
 }
 
@@ -524,7 +730,7 @@ mod tests {
 
     #[test]
     fn layer_pattern_is_three_linear_then_one_full() {
-        let d = dims(Size::Bench);
+        let d = dims(Size::Bench, false);
         let full: Vec<usize> = (0..d.layers).filter(|&i| d.is_full_attention(i)).collect();
         assert_eq!(full, [3, 7, 11, 15, 19, 23]);
     }

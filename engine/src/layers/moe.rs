@@ -1,0 +1,181 @@
+//! Sparse mixture-of-experts MLP (Qwen3-Next / Qwen3.5-MoE): a router picks `top_k` of
+//! `experts` SwiGLU experts per token (softmax in f32, top-k, optionally renormalised), and an
+//! optional shared expert, scaled by `sigmoid(shared_expert_gate(x))`, is added to every token.
+//! Facts from mlx-lm 0.32 (`qwen3_next.py` `Qwen3NextSparseMoeBlock`, `switch_layers.py`,
+//! `qwen3_5_moe.py` `sanitize`) and transformers 5.23 (`modeling_qwen3_5_moe.py`).
+//!
+//! Expert weights are stacked: `switch_mlp.{gate,up,down}_proj` `[E, out, in]` in MLX folders
+//! (quantized along `in` like any linear), `experts.gate_up_proj` `[E, 2·I, H]` (gate rows, then
+//! up rows) and `experts.down_proj` `[E, H, I]` in original ones (no `.weight` suffix, never
+//! quantized). Only the selected experts' rows are read (`ops::gather_matmul`).
+
+use anyhow::{ensure, Result};
+use kernels::{ops, Bytes, Tensor, Weight};
+
+use super::{Linear, SwiGlu};
+use crate::config::QuantConfig;
+use crate::weights::WeightStore;
+
+/// Widths of one sparse MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub hidden: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Width of each routed expert (`moe_intermediate_size`).
+    pub expert_width: usize,
+    /// Width of the shared expert (`shared_expert_intermediate_size`); 0 = none.
+    pub shared_width: usize,
+    /// `norm_topk_prob`: divide the top-k probabilities by their sum.
+    pub renormalize: bool,
+}
+
+/// The shared expert and its scalar gate.
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub mlp: SwiGlu,
+    /// `[1, hidden]`.
+    pub gate: Linear,
+}
+
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    pub cfg: MoeConfig,
+    /// `[experts, hidden]`.
+    pub router: Linear,
+    /// Stacked `[experts·I, hidden]`.
+    pub gate: Weight,
+    /// Stacked `[experts·I, hidden]`.
+    pub up: Weight,
+    /// Stacked `[experts·hidden, I]`.
+    pub down: Weight,
+    pub shared: Option<SharedExpert>,
+}
+
+impl SparseMoe {
+    /// Loads the block at `prefix` (e.g. `…layers.0.mlp`) in either layout: MLX's
+    /// `switch_mlp.*` when present, else the original fused `experts.*`.
+    pub fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        prefix: &str,
+        cfg: MoeConfig,
+    ) -> Result<SparseMoe> {
+        let (h, e, i) = (cfg.hidden, cfg.experts, cfg.expert_width);
+        let router = Linear::load(store, quant, &format!("{prefix}.gate"), e, h)?;
+        let switch = format!("{prefix}.switch_mlp");
+        let (gate, up, down) = if store.contains(&format!("{switch}.gate_proj.weight")) {
+            let stacked = |name: &str, rows: usize, cols: usize| {
+                let p = format!("{switch}.{name}");
+                store.stacked_weight(&p, quant.spec_for(&p), e, rows, cols)
+            };
+            (
+                stacked("gate_proj", i, h)?,
+                stacked("up_proj", i, h)?,
+                stacked("down_proj", h, i)?,
+            )
+        } else {
+            let fused =
+                store.tensor_shaped(&format!("{prefix}.experts.gate_up_proj"), &[e, 2 * i, h])?;
+            let (gate, up) = split_halves(&fused, e)?;
+            let down = store.tensor_shaped(&format!("{prefix}.experts.down_proj"), &[e, h, i])?;
+            (
+                Weight::Dense(gate),
+                Weight::Dense(up),
+                Weight::Dense(down.reshape(&[e * h, i])?),
+            )
+        };
+        let shared = if cfg.shared_width > 0 {
+            let p = format!("{prefix}.shared_expert");
+            Some(SharedExpert {
+                mlp: SwiGlu::load(store, quant, &p, h, cfg.shared_width)?,
+                gate: Linear::load(store, quant, &format!("{p}_gate"), 1, h)?,
+            })
+        } else {
+            None
+        };
+        Ok(SparseMoe {
+            cfg,
+            router,
+            gate,
+            up,
+            down,
+            shared,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.cfg;
+        let routes = ops::moe_route(&self.router.forward(x)?, c.top_k, c.renormalize)?;
+        let tokens = routes.pair_tokens();
+        let g = ops::gather_matmul(x, &self.gate, c.experts, &tokens, &routes.experts)?;
+        let u = ops::gather_matmul(x, &self.up, c.experts, &tokens, &routes.experts)?;
+        let h = ops::swiglu(&g, &u)?;
+        let pairs: Vec<u32> = (0..routes.experts.len() as u32).collect();
+        let y = ops::gather_matmul(&h, &self.down, c.experts, &pairs, &routes.experts)?;
+        let shared = match &self.shared {
+            Some(s) => Some((s.mlp.forward(x)?, ops::sigmoid(&s.gate.forward(x)?)?)),
+            None => None,
+        };
+        let shared = shared.as_ref().map(|(s, g)| (s, g));
+        Ok(ops::moe_combine(&y, &routes.weights, c.top_k, shared)?)
+    }
+
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        self.router.to_device(device)?;
+        for w in [&mut self.gate, &mut self.up, &mut self.down] {
+            *w = w.to_device(device)?;
+        }
+        if let Some(s) = &mut self.shared {
+            s.mlp.to_device(device)?;
+            s.gate.to_device(device)?;
+        }
+        Ok(())
+    }
+
+    /// Every weight matrix: router, the three stacked expert weights, the shared expert's.
+    pub fn weights(&self) -> Vec<&Weight> {
+        let mut w = vec![&self.router.weight, &self.gate, &self.up, &self.down];
+        if let Some(s) = &self.shared {
+            w.extend([
+                &s.mlp.gate.weight,
+                &s.mlp.up.weight,
+                &s.mlp.down.weight,
+                &s.gate.weight,
+            ]);
+        }
+        w
+    }
+
+    /// The stacked expert weights (those of which a token reads `top_k / experts`).
+    pub fn expert_weights(&self) -> [&Weight; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+/// `[E, 2·I, H]` → gate `[E·I, H]` (each expert's first I rows) and up (its last I rows), as
+/// mlx-lm's `sanitize` splits `gate_up_proj`. Copies the stored bytes (any float dtype).
+fn split_halves(fused: &Tensor, experts: usize) -> Result<(Tensor, Tensor)> {
+    let (rows2, cols) = (fused.dim(1), fused.dim(2));
+    ensure!(
+        rows2 % 2 == 0,
+        "gate_up_proj needs an even number of rows, got {rows2}"
+    );
+    let half = rows2 / 2;
+    let bytes = fused.raw_bytes()?;
+    let block = half * cols * fused.dtype().size_in_bytes();
+    let (mut gate, mut up) = (
+        Vec::with_capacity(experts * block),
+        Vec::with_capacity(experts * block),
+    );
+    for e in 0..experts {
+        let at = e * 2 * block;
+        gate.extend_from_slice(&bytes[at..at + block]);
+        up.extend_from_slice(&bytes[at + block..at + 2 * block]);
+    }
+    let shape = [experts * half, cols];
+    Ok((
+        Tensor::from_bytes(&shape, fused.dtype(), Bytes::from_vec(gate))?,
+        Tensor::from_bytes(&shape, fused.dtype(), Bytes::from_vec(up))?,
+    ))
+}

@@ -1,0 +1,198 @@
+//! Sparse mixture-of-experts ops: routing, a matmul gathered over a stacked expert weight, and
+//! the weighted combine. A stacked weight is one [`Weight`] `[E·N, K]` whose rows
+//! `e·N..(e+1)·N` are expert `e` (MLX folders store `[E, N, K]`; the loader flattens the
+//! leading axes), so every weight format works unchanged.
+//!
+//! Only the experts a token selected are read: the CPU and CUDA backends group the
+//! (token, expert) pairs by expert and run one ordinary matmul per *used* expert over a view of
+//! its rows; MLX runs its own `gather_mm` / `gather_qmm`, which index the stacked weight.
+
+use super::{need_f32, shape_err};
+use crate::{cpu, Result, Tensor, Weight};
+
+/// Where each token goes: `experts` and `weights` are `[T·k]`, token-major, best first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeRoutes {
+    pub top_k: usize,
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+impl MoeRoutes {
+    /// Number of routed tokens.
+    pub fn tokens(&self) -> usize {
+        self.experts.len() / self.top_k.max(1)
+    }
+
+    /// The token of each (token, expert) pair: `[0; k] ++ [1; k] ++ ...`.
+    pub fn pair_tokens(&self) -> Vec<u32> {
+        (0..self.experts.len() as u32)
+            .map(|p| p / self.top_k as u32)
+            .collect()
+    }
+}
+
+/// Routes each row of router logits `[T, E]`: `softmax` (f32, on the logits' device), then on
+/// the host the `top_k` most probable experts (ties to the lower index), their probabilities
+/// divided by their sum when `renormalize` (Qwen's `norm_topk_prob`).
+pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
+    need_f32("moe_route", "logits", logits)?;
+    if logits.dims() != 2 || top_k == 0 || top_k > logits.dim(1) {
+        return shape_err(
+            "moe_route",
+            format!(
+                "logits {:?} must be [T, E] with 1 <= top_k ({top_k}) <= E",
+                logits.shape()
+            ),
+        );
+    }
+    let probs = super::softmax(logits)?.to_device(crate::Device::Cpu)?;
+    let (experts, weights) = cpu::moe::route(probs.f32s()?, logits.dim(1), top_k, renormalize);
+    Ok(MoeRoutes {
+        top_k,
+        experts,
+        weights,
+    })
+}
+
+/// `out[p] = x[rows[p]] · w[ids[p]]ᵀ`: `x` `[T, K]` f32, `w` a stacked weight `[E·N, K]` of
+/// `experts` experts in any format, `rows` and `ids` one entry per output row. Returns
+/// `[P, N]`; rows of experts no pair names are never read.
+pub fn gather_matmul(
+    x: &Tensor,
+    w: &Weight,
+    experts: usize,
+    rows: &[u32],
+    ids: &[u32],
+) -> Result<Tensor> {
+    need_f32("gather_matmul", "x", x)?;
+    let ok = x.dims() == 2
+        && w.cols() == x.dim(1)
+        && experts > 0
+        && w.rows().is_multiple_of(experts)
+        && rows.len() == ids.len()
+        && !rows.is_empty()
+        && rows.iter().all(|&r| (r as usize) < x.dim(0))
+        && ids.iter().all(|&e| (e as usize) < experts);
+    if !ok {
+        return shape_err(
+            "gather_matmul",
+            format!(
+                "x {:?} must be [T, K] and the weight [E·N, K] over {experts} experts (got \
+                 {}x{}); {} rows and {} expert ids must pair up, each in range",
+                x.shape(),
+                w.rows(),
+                w.cols(),
+                rows.len(),
+                ids.len()
+            ),
+        );
+    }
+    #[cfg(feature = "mlx")]
+    if super::on_mlx(&[x]) || w.device() == crate::Device::Mlx {
+        return crate::mlx::moe::gather_matmul(x, w, experts, rows, ids);
+    }
+    grouped_matmul(x, w, experts, rows, ids)
+}
+
+/// [`gather_matmul`] from ops every backend has: for each used expert (ascending), gather its
+/// pairs' input rows, multiply by a view of the expert's rows, and write the block into a
+/// buffer in expert order; one last gather puts the pairs back in their own order. Each step
+/// is deterministic, so the result is too.
+fn grouped_matmul(
+    x: &Tensor,
+    w: &Weight,
+    experts: usize,
+    rows: &[u32],
+    ids: &[u32],
+) -> Result<Tensor> {
+    let n = w.rows() / experts;
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&p| ids[p]);
+    // The input as a table of rows, so `embedding` gathers them on the input's device.
+    let table = Weight::Dense(x.clone());
+    let mut buf = Tensor::zeros(&[1, ids.len(), n]).to_device(x.device())?;
+    let mut at = 0;
+    while at < order.len() {
+        let e = ids[order[at]] as usize;
+        let len = order[at..]
+            .iter()
+            .take_while(|&&p| ids[p] as usize == e)
+            .count();
+        let picked: Vec<u32> = order[at..at + len].iter().map(|&p| rows[p]).collect();
+        let xe = super::embedding(&table, &picked)?;
+        let ye = super::matmul(&xe, &expert_rows(w, e * n, n)?)?;
+        super::kv_write(&mut buf, &ye.reshape(&[len, 1, n])?, at)?;
+        at += len;
+    }
+    // Pair p sits at position inverse[p] of the expert-ordered buffer.
+    let mut inverse = vec![0u32; order.len()];
+    for (pos, &p) in order.iter().enumerate() {
+        inverse[p] = pos as u32;
+    }
+    super::embedding(&Weight::Dense(buf.reshape(&[ids.len(), n])?), &inverse)
+}
+
+/// Rows `start..start+len` of a weight in any format, as a view (no copy).
+pub fn expert_rows(w: &Weight, start: usize, len: usize) -> Result<Weight> {
+    Ok(match w {
+        Weight::Dense(t) => Weight::Dense(t.narrow0(start, len)?),
+        Weight::Quant(q) => Weight::Quant(crate::QuantWeight {
+            spec: q.spec,
+            rows: len,
+            cols: q.cols,
+            packed: q.packed.narrow0(start, len)?,
+            scales: q.scales.narrow0(start, len)?,
+            biases: q
+                .biases
+                .as_ref()
+                .map(|b| b.narrow0(start, len))
+                .transpose()?,
+        }),
+    })
+}
+
+/// `out[t] = Σ_j weights[t·k + j] · y[t·k + j]` over the `k` routed experts of token `t` (in
+/// route order), plus `scale[t] · shared[t]` for a shared expert: `y` `[T·k, N]`, `shared`
+/// `[T, N]`, `scale` `[T, 1]` (e.g. `sigmoid(shared_expert_gate(x))`). Returns `[T, N]`.
+pub fn moe_combine(
+    y: &Tensor,
+    weights: &[f32],
+    top_k: usize,
+    shared: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    need_f32("moe_combine", "y", y)?;
+    let ok = y.dims() == 2
+        && top_k > 0
+        && y.dim(0) == weights.len()
+        && y.dim(0).is_multiple_of(top_k)
+        && shared.is_none_or(|(s, g)| {
+            s.shape() == [y.dim(0) / top_k, y.dim(1)] && g.shape() == [y.dim(0) / top_k, 1]
+        });
+    if !ok {
+        return shape_err(
+            "moe_combine",
+            format!(
+                "y {:?} must be [T·k, N] with k = {top_k} and {} weights; shared {:?} [T, N], \
+                 scale {:?} [T, 1]",
+                y.shape(),
+                weights.len(),
+                shared.map(|s| s.0.shape().to_vec()),
+                shared.map(|s| s.1.shape().to_vec())
+            ),
+        );
+    }
+    if let Some((s, g)) = shared {
+        need_f32("moe_combine", "shared", s)?;
+        need_f32("moe_combine", "scale", g)?;
+    }
+    #[cfg(feature = "mlx")]
+    if super::on_mlx(&[y]) {
+        return crate::mlx::moe::combine(y, weights, top_k, shared);
+    }
+    #[cfg(feature = "cuda")]
+    if super::on_cuda(&[y]) {
+        return crate::cuda::moe_combine(y, weights, top_k, shared);
+    }
+    cpu::moe::combine(y, weights, top_k, shared)
+}
