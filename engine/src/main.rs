@@ -96,6 +96,10 @@ struct GenerateArgs {
     /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
     #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
     gdn: Option<GdnPath>,
+    /// Keep every position in the KV caches of sliding-window layers (masking to the window)
+    /// instead of rotating them; for comparisons, since it only costs memory.
+    #[arg(long)]
+    flat_kv: bool,
     /// Print one JSON object (prompt_ids, tokens, text, finish_reason, timings[, top_logprobs]).
     #[arg(long)]
     json: bool,
@@ -136,6 +140,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         prefill_step: a.prefill_step,
         ignore_eos: a.ignore_eos,
         gdn_path: Some(gdn_path),
+        flat_kv: a.flat_kv,
     };
     let req = p.request(prompt_ids, &opts);
     let mut streamed = String::new();
@@ -165,13 +170,14 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
         println!();
         eprintln!(
-            "[{} prompt tokens, {} generated, finish: {:?}; TTFT {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s]",
+            "[{} prompt tokens, {} generated, finish: {:?}; TTFT {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s; KV cache {:.1} MiB]",
             out.prompt_ids.len(),
             out.tokens.len(),
             out.finish_reason,
             out.ttft_ms,
             out.prefill_tokens_per_s,
-            out.decode_tokens_per_s
+            out.decode_tokens_per_s,
+            out.kv_cache_bytes as f64 / (1024.0 * 1024.0)
         );
     }
     Ok(())

@@ -33,6 +33,8 @@ pub struct RequestOptions {
     pub ignore_eos: bool,
     /// Gated DeltaNet path; `None` reads `GDN_KERNEL`, else `auto`.
     pub gdn_path: Option<GdnPath>,
+    /// Sliding-window layers keep every position (masked) instead of a rotating cache.
+    pub flat_kv: bool,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -113,6 +115,7 @@ impl Pipeline {
                 eprintln!("warning: {e:#}; using auto");
                 GdnPath::Auto
             }),
+            flat_kv: o.flat_kv,
         }
     }
 }

@@ -51,6 +51,7 @@ mod on_mlx {
             top_logprobs: 0,
             prefill_step: step,
             gdn_path: GdnPath::Auto,
+            flat_kv: false,
         };
         generate::generate(m, &req, |_| {}).unwrap().tokens
     }

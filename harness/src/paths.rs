@@ -15,8 +15,7 @@ use engine::layers::GdnPath;
 use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str =
-    "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat (combine keys with `+`)";
 
 /// One execution path. Unset keys take the engine's built-in default (never the environment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,6 +24,27 @@ pub struct PathSpec {
     pub backend: Option<Backend>,
     /// Gated DeltaNet: per step, chunked, or by prompt length (`auto`).
     pub gdn: Option<GdnPath>,
+    /// KV caches of sliding-window layers: rotating (the default) or flat (every position).
+    pub kv: Option<KvLayout>,
+}
+
+/// How sliding-window layers keep their keys and values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvLayout {
+    /// At most twice the window (the engine's default).
+    #[default]
+    Rotating,
+    /// Every position, masked to the window: the reference the rotating cache must match.
+    Flat,
+}
+
+impl fmt::Display for KvLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvLayout::Rotating => "rotating",
+            KvLayout::Flat => "flat",
+        })
+    }
 }
 
 /// Parses one path: `default`, or `KEY=VALUE` pairs joined by `+`.
@@ -50,6 +70,16 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     anyhow::anyhow!("unknown value `{value}` for path key `gdn` in `{s}`; expected one of: auto, perstep, chunked")
                 })?;
                 spec.gdn = Some(v);
+            }
+            "kv" => {
+                if spec.kv.is_some() {
+                    bail!("path `{s}` sets `kv` twice");
+                }
+                spec.kv = Some(match value.trim() {
+                    "rotating" => KvLayout::Rotating,
+                    "flat" => KvLayout::Flat,
+                    _ => bail!("unknown value `{value}` for path key `kv` in `{s}`; expected one of: rotating, flat"),
+                });
             }
             "backend" => {
                 if spec.backend.is_some() {
@@ -92,11 +122,18 @@ impl PathSpec {
     /// built-in default explicitly, so an inherited `GDN_KERNEL` cannot change what runs.
     pub fn apply(&self, opts: &mut RequestOptions) {
         opts.gdn_path = Some(self.gdn_path());
+        opts.flat_kv = self.kv == Some(KvLayout::Flat);
     }
 
-    /// The same for a state driven through `CausalLm::forward` directly.
-    pub fn apply_state(&self, state: &mut ModelState) {
+    /// The same for a fresh state driven through `CausalLm::forward` directly.
+    pub fn apply_state(&self, state: ModelState) -> Result<ModelState> {
+        let mut state = if self.kv == Some(KvLayout::Flat) {
+            state.with_flat_kv()?
+        } else {
+            state
+        };
         state.gdn_path = self.gdn_path();
+        Ok(state)
     }
 }
 
@@ -109,6 +146,9 @@ impl fmt::Display for PathSpec {
         }
         if let Some(g) = self.gdn {
             keys.push(format!("gdn={g}"));
+        }
+        if let Some(k) = self.kv {
+            keys.push(format!("kv={k}"));
         }
         if keys.is_empty() {
             write!(f, "default")
@@ -139,6 +179,8 @@ mod tests {
             "gdn=auto",
             "backend=mlx",
             "backend=cpu+gdn=chunked",
+            "kv=flat",
+            "backend=mlx+gdn=perstep+kv=rotating",
         ] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }
@@ -157,11 +199,13 @@ mod tests {
 
     #[test]
     fn rejects_unknown_keys_and_values_with_the_valid_ones() {
-        let e = parse_path("kv=paged").unwrap_err().to_string();
+        let e = parse_path("mtp=on").unwrap_err().to_string();
         assert!(
-            e.contains("unknown path key `kv`") && e.contains("gdn=auto|perstep|chunked"),
+            e.contains("unknown path key `mtp`") && e.contains("gdn=auto|perstep|chunked"),
             "{e}"
         );
+        let e = parse_path("kv=paged").unwrap_err().to_string();
+        assert!(e.contains("`paged`") && e.contains("rotating, flat"), "{e}");
         let e = parse_path("gdn=fast").unwrap_err().to_string();
         assert!(
             e.contains("`fast`") && e.contains("perstep, chunked"),
@@ -175,6 +219,7 @@ mod tests {
             "gdn=perstep+gdn=chunked",
             "gdn=perstep,",
             "backend=cpu+backend=mlx",
+            "kv=flat+kv=flat",
         ] {
             assert!(parse_paths(bad).is_err(), "{bad:?} should not parse");
         }
@@ -185,7 +230,9 @@ mod tests {
         let mut o = RequestOptions::default();
         PathSpec::default().apply(&mut o);
         assert_eq!(o.gdn_path, Some(GdnPath::Auto));
-        parse_path("gdn=chunked").unwrap().apply(&mut o);
+        assert!(!o.flat_kv);
+        parse_path("gdn=chunked+kv=flat").unwrap().apply(&mut o);
         assert_eq!(o.gdn_path, Some(GdnPath::Chunked));
+        assert!(o.flat_kv);
     }
 }

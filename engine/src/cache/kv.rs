@@ -1,20 +1,59 @@
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use kernels::{ops, Tensor};
 
-/// A flat KV cache `[Hk, capacity, D]` per layer that grows by doubling.
+/// A KV cache `[Hk, capacity, D]` per layer.
+///
+/// Flat (`window == None`): every position, growing by doubling.
+///
+/// Rotating (`window == Some(W)`), for sliding-window layers: a query at position `p` sees keys
+/// `p − W + 1 ..= p`, so between forwards only the last `W − 1` positions are ever needed again.
+/// Older ones are dropped when an append would overflow the buffer (and at [`KvCache::settle`]),
+/// which keeps the buffer at `2·W` slots once a sequence runs past the window. The slots stay in
+/// position order (slot `i` holds position `start + i`), so attention runs on the buffer with
+/// positions relative to `start`: the causal and window masks depend only on differences of
+/// positions, and keys are rotated before they are cached, so the result is bit-identical to a
+/// flat cache's. Copying `W − 1` slots once per `W + 1` decode steps costs about one slot a step.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     pub k: Tensor,
     pub v: Tensor,
+    /// Valid slots in the buffer.
     pub len: usize,
+    /// Absolute position of slot 0 (positions dropped so far).
+    pub start: usize,
+    /// The sliding window this cache serves, when it rotates.
+    pub window: Option<usize>,
 }
 
 impl KvCache {
+    /// A flat cache that keeps every position.
     pub fn new(kv_heads: usize, head_dim: usize, capacity: usize) -> KvCache {
         KvCache {
             k: Tensor::zeros(&[kv_heads, capacity, head_dim]),
             v: Tensor::zeros(&[kv_heads, capacity, head_dim]),
             len: 0,
+            start: 0,
+            window: None,
+        }
+    }
+
+    /// A rotating cache for a layer that attends over a window of `window` positions.
+    pub fn rotating(kv_heads: usize, head_dim: usize, window: usize) -> Result<KvCache> {
+        ensure!(
+            window > 0,
+            "a sliding window must hold at least one position"
+        );
+        Ok(KvCache {
+            window: Some(window),
+            ..KvCache::new(kv_heads, head_dim, 0)
+        })
+    }
+
+    /// The same kind of cache (flat or rotating, same shape), empty.
+    pub fn empty_like(&self) -> KvCache {
+        KvCache {
+            window: self.window,
+            ..KvCache::new(self.k.dim(0), self.k.dim(2), 0)
         }
     }
 
@@ -22,31 +61,133 @@ impl KvCache {
         self.k.dim(1)
     }
 
-    /// Appends `k`, `v` `[T, Hk, D]` at the end, growing the buffers when needed.
+    /// Positions seen so far (the absolute position of the next append).
+    pub fn pos(&self) -> usize {
+        self.start + self.len
+    }
+
+    /// Bytes held by the K and V buffers.
+    pub fn bytes(&self) -> usize {
+        2 * self.k.dim(0) * self.capacity() * self.k.dim(2) * std::mem::size_of::<f32>()
+    }
+
+    /// Appends `k`, `v` `[T, Hk, D]` at position [`KvCache::pos`]; a rotating cache first drops
+    /// what no query from here on can see.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
-        let need = self.len + k.dim(0);
+        let t = k.dim(0);
+        let need = self.len + t;
         if need > self.capacity() {
-            let cap = need.max(2 * self.capacity()).max(64);
-            self.k = grow(&self.k, self.len, cap)?;
-            self.v = grow(&self.v, self.len, cap)?;
+            match self.window {
+                None => {
+                    let cap = need.max(2 * self.capacity()).max(64);
+                    self.relocate(0, cap)?;
+                }
+                Some(w) => {
+                    let keep = self.len.min(w - 1);
+                    let cap = (keep + t).max(2 * w);
+                    self.relocate(self.len - keep, cap)?;
+                }
+            }
         }
         ops::kv_write(&mut self.k, k, self.len)?;
         ops::kv_write(&mut self.v, v, self.len)?;
-        self.len = need;
+        self.len += t;
+        Ok(())
+    }
+
+    /// Called when a forward is done: a rotating cache that a long prefill left above `2·W`
+    /// slots shrinks back to the last `W − 1` positions. Not inside a layer's forward, because
+    /// KV-shared layers later in the same forward still read the whole chunk.
+    pub fn settle(&mut self) -> Result<()> {
+        if let Some(w) = self.window {
+            if self.capacity() > 2 * w {
+                let keep = self.len.min(w - 1);
+                self.relocate(self.len - keep, 2 * w)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves slots `from..len` to the front of new `cap`-slot buffers.
+    fn relocate(&mut self, from: usize, cap: usize) -> Result<()> {
+        let keep = self.len - from;
+        self.k = moved(&self.k, from, keep, cap)?;
+        self.v = moved(&self.v, from, keep, cap)?;
+        self.start += from;
+        self.len = keep;
         Ok(())
     }
 }
 
-fn grow(t: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
+/// Slots `from..from+len` of `t` `[H, old, D]` at the front of a zeroed `[H, cap, D]`.
+fn moved(t: &Tensor, from: usize, len: usize, cap: usize) -> Result<Tensor> {
     let (h, old, d) = (t.dim(0), t.dim(1), t.dim(2));
-    // Grown on the host (rare: capacity doubles) and put back where the cache lived.
+    // Done on the host (rare: once per doubling, or once per window of decode steps) and put
+    // back where the cache lived.
     let device = t.device();
     let t = t.to_device(kernels::Device::Cpu)?;
     let src = t.f32s()?;
     let mut out = vec![0.0f32; h * cap * d];
     for head in 0..h {
-        out[head * cap * d..head * cap * d + len * d]
-            .copy_from_slice(&src[head * old * d..head * old * d + len * d]);
+        let s = (head * old + from) * d;
+        out[head * cap * d..head * cap * d + len * d].copy_from_slice(&src[s..s + len * d]);
     }
     Ok(Tensor::from_f32(&[h, cap, d], out)?.to_device(device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[T, 1, 1]` keys whose value is their absolute position.
+    fn positions(from: usize, t: usize) -> Tensor {
+        Tensor::from_f32(&[t, 1, 1], (from..from + t).map(|p| p as f32).collect()).unwrap()
+    }
+
+    fn slots(c: &KvCache) -> Vec<f32> {
+        c.k.f32s().unwrap()[..c.len].to_vec()
+    }
+
+    #[test]
+    fn rotating_cache_keeps_the_window_in_position_order_across_wraps() {
+        let w = 8;
+        let mut c = KvCache::rotating(1, 1, w).unwrap();
+        let mut pos = 0;
+        // Pieces that straddle every wrap: short, longer than the window, single steps.
+        for t in [3, 5, 1, 11, 1, 1, 7, 20, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2] {
+            c.append(&positions(pos, t), &positions(pos, t)).unwrap();
+            pos += t;
+            assert_eq!(c.pos(), pos);
+            let expect: Vec<f32> = (c.start..pos).map(|p| p as f32).collect();
+            assert_eq!(
+                slots(&c),
+                expect,
+                "slots hold positions start..pos in order"
+            );
+            // Every key the chunk's first query can see is still there.
+            assert!(c.start <= (pos - t + 1).saturating_sub(w));
+            c.settle().unwrap();
+            assert!(c.capacity() <= 2 * w, "at rest the buffer is bounded by 2W");
+            assert!(
+                c.len >= (w - 1).min(pos),
+                "the last W − 1 positions survive"
+            );
+        }
+    }
+
+    #[test]
+    fn flat_cache_keeps_every_position() {
+        let mut c = KvCache::new(1, 1, 0);
+        for (from, t) in [(0, 70), (70, 1), (71, 200)] {
+            c.append(&positions(from, t), &positions(from, t)).unwrap();
+            c.settle().unwrap();
+        }
+        assert_eq!(c.start, 0);
+        assert_eq!(slots(&c), (0..271).map(|p| p as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn zero_window_is_refused() {
+        assert!(KvCache::rotating(1, 1, 0).is_err());
+    }
 }

@@ -7,7 +7,7 @@ pub mod recurrent;
 pub use kv::KvCache;
 pub use recurrent::RecurrentState;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use kernels::Tensor;
 
 use crate::layers::GdnPath;
@@ -83,5 +83,41 @@ impl ModelState {
             pos: 0,
             gdn_path: GdnPath::Auto,
         }
+    }
+
+    /// The same state with every rotating KV cache replaced by a flat one (sliding-window
+    /// layers then mask a cache that keeps every position). Only before the first forward.
+    pub fn with_flat_kv(mut self) -> Result<ModelState> {
+        ensure!(
+            self.pos == 0,
+            "a state can switch to flat KV caches only before its first forward"
+        );
+        for l in &mut self.layers {
+            if let LayerState::Kv(c) = l {
+                *c = KvCache::new(c.k.dim(0), c.k.dim(2), 0);
+            }
+        }
+        Ok(self)
+    }
+
+    /// Ends a forward: rotating caches that a long chunk grew shrink back to their bound.
+    pub fn settle(&mut self) -> Result<()> {
+        for l in &mut self.layers {
+            if let LayerState::Kv(c) = l {
+                c.settle()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes held by the KV caches (recurrent and conv states not counted).
+    pub fn kv_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(c) => c.bytes(),
+                _ => 0,
+            })
+            .sum()
     }
 }

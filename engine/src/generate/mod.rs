@@ -26,6 +26,9 @@ pub struct GenerateRequest {
     pub prefill_step: Option<usize>,
     /// How Gated DeltaNet layers compute (ignored by families without them).
     pub gdn_path: GdnPath,
+    /// Sliding-window layers keep every position (masked) instead of rotating their cache:
+    /// the reference that the rotating cache must match bit for bit.
+    pub flat_kv: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -46,6 +49,8 @@ pub struct GenerateOutput {
     pub ttft_ms: f64,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Bytes the KV caches hold when generation ends.
+    pub kv_cache_bytes: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
 }
@@ -104,6 +109,9 @@ pub fn generate(
     let budget = req.max_tokens.min(context - req.prompt_ids.len());
     let mut sampler = Sampler::new(req.sampling);
     let mut state = model.new_state();
+    if req.flat_kv {
+        state = state.with_flat_kv()?;
+    }
     state.gdn_path = req.gdn_path;
     // Grown as tokens come: the budget may be a context length of millions.
     let mut tokens = Vec::new();
@@ -158,6 +166,7 @@ pub fn generate(
         } else {
             0.0
         },
+        kv_cache_bytes: state.kv_bytes(),
         top_logprobs: top,
     })
 }

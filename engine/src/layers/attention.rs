@@ -51,7 +51,7 @@ impl GqaAttention {
     pub fn forward(&self, x: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.cfg;
         let t = x.dim(0);
-        let start = cache.len;
+        let start = cache.pos();
         let positions: Vec<usize> = (start..start + t).collect();
         let q_all = self.q_proj.forward(x)?;
         let (q, gate) = if self.output_gate {
@@ -84,8 +84,9 @@ impl GqaAttention {
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
         cache.append(&k, &v)?;
+        // Positions relative to the cache's first slot (a rotating cache has dropped some).
         let p = AttnParams {
-            q_start: start,
+            q_start: start - cache.start,
             kv_len: cache.len,
             scale: c.scale,
             window: c.window,

@@ -20,7 +20,8 @@
 //! Names: `language_model.model.*` in mlx-lm folders, `model.language_model.*` in original
 //! multimodal ones, `model.*` in text-only ones (Qwen3.5's [`Layout`]). Original folders keep
 //! K/V projections on the KV-shared layers; they are unused and not loaded, as mlx-lm drops them.
-//! Sliding layers keep a flat cache and mask to the window (memory not yet bounded by it).
+//! Sliding layers keep a rotating cache (`KvCache::rotating`: at most 2 × the window between
+//! forwards), full layers a flat one.
 
 use anyhow::{bail, ensure, Context, Result};
 use kernels::{ops, ops::AttnParams, ops::RopeLayout, Tensor, Weight};
@@ -530,8 +531,9 @@ impl Attention {
             let v = ops::rms_norm(&v, None, self.eps)?;
             cache.append(&k, &v)?;
         }
+        // Positions relative to the cache's first slot (a rotating cache has dropped some).
         let p = AttnParams {
-            q_start: start,
+            q_start: start - cache.start,
             kv_len: cache.len,
             scale: 1.0,
             window: self.window,
@@ -549,11 +551,22 @@ impl CausalLm for Gemma4 {
     }
 
     fn new_state(&self) -> ModelState {
-        // KV-shared layers keep an empty cache: they read their source layer's.
+        // Sliding layers rotate (memory bounded by the window), full layers keep every
+        // position; KV-shared layers keep an empty cache: they read their source layer's.
         ModelState::new(
             self.blocks
                 .iter()
-                .map(|b| LayerState::Kv(KvCache::new(b.attn.kv_heads, b.attn.head_dim, 0)))
+                .enumerate()
+                .map(|(i, b)| {
+                    let (h, d) = (b.attn.kv_heads, b.attn.head_dim);
+                    LayerState::Kv(match b.attn.window {
+                        Some(w) if b.kv_source == i => KvCache {
+                            window: Some(w),
+                            ..KvCache::new(h, d, 0)
+                        },
+                        _ => KvCache::new(h, d, 0),
+                    })
+                })
                 .collect(),
         )
     }
@@ -620,6 +633,7 @@ impl CausalLm for Gemma4 {
             }
         }
         state.pos += ids.len();
+        state.settle()?;
         let tail = super::Tail {
             softcap: self.softcap,
             ..Default::default()

@@ -272,8 +272,15 @@ impl CausalLm for Llama {
 
     fn new_state(&self) -> ModelState {
         ModelState::new(
-            (0..self.blocks.len())
-                .map(|_| LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)))
+            self.blocks
+                .iter()
+                .map(|b| {
+                    LayerState::Kv(KvCache {
+                        // Sliding layers rotate: their memory is bounded by the window.
+                        window: b.attn.cfg.window,
+                        ..KvCache::new(self.kv_heads, self.head_dim, 0)
+                    })
+                })
                 .collect(),
         )
     }
@@ -306,6 +313,7 @@ impl CausalLm for Llama {
             x = ops::add(&x, &scaled(h, s.residual)?)?;
         }
         state.pos += ids.len();
+        state.settle()?;
         let tail = super::Tail {
             scale: s.logits,
             softcap: None,

@@ -209,8 +209,7 @@ fn run_path(
 ) -> Result<(Vec<f32>, Vec<u32>)> {
     let pipeline = models.for_path(&path)?;
     let model = pipeline.model.as_ref();
-    let mut state = model.new_state();
-    path.apply_state(&mut state);
+    let mut state = path.apply_state(model.new_state())?;
     let logits = model.forward(prompt, &mut state, false)?.to_vec_f32()?;
     let mut opts = RequestOptions {
         max_tokens: Some(max_tokens),
