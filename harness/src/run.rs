@@ -155,6 +155,18 @@ impl RunArgs {
                     "gdn=chunked",
                 ],
             ),
+            (
+                "parity kv=flat vs kv=rotating (gemma4:tiny)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "gemma4:tiny",
+                    "--a",
+                    "kv=flat",
+                    "--b",
+                    "kv=rotating",
+                ],
+            ),
         ];
         if mlx {
             plan.extend([
@@ -181,6 +193,10 @@ impl RunArgs {
                 (
                     "parity backend=cpu vs backend=mlx (gemma4:tiny:q8)",
                     cpu_vs_mlx("gemma4:tiny:q8"),
+                ),
+                (
+                    "parity backend=cpu vs backend=mlx (gemma4_moe:tiny:q4)",
+                    cpu_vs_mlx("gemma4_moe:tiny:q4"),
                 ),
                 (
                     "parity backend=cpu vs backend=mlx (lfm2:tiny)",

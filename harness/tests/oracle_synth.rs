@@ -139,10 +139,10 @@ fn synth_qwen3_5_moe_matches_mlx_lm_chunked() {
 
 /// The attention-only families after Qwen3 (synthetic references only: they share Qwen3's
 /// tensor names, so the synthetic folders already are mlx-lm's layout).
-const ATTENTION_FAMILIES: [&str; 3] = ["llama", "minicpm", "gemma4"];
+const ATTENTION_FAMILIES: [&str; 4] = ["llama", "minicpm", "gemma4", "gemma4_moe"];
 
 #[test]
-fn synth_llama_minicpm_and_gemma4_match_mlx_lm() {
+fn synth_llama_minicpm_gemma4_and_gemma4_moe_match_mlx_lm() {
     for family in ATTENTION_FAMILIES {
         check(&format!("synth/{family}:"), None);
     }

@@ -125,7 +125,7 @@ mod cpu_vs_backend {
     /// The attention-only families after Qwen3 (biases, scaled and proportional RoPE given as
     /// explicit frequencies, sliding layers, μP scales, Gemma 4's KV sharing, per-layer inputs
     /// and soft cap): a dense and two quantized formats each.
-    pub const LLAMA_FAMILIES: [&str; 3] = ["llama", "minicpm", "gemma4"];
+    pub const LLAMA_FAMILIES: [&str; 4] = ["llama", "minicpm", "gemma4", "gemma4_moe"];
     pub const LLAMA_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "mxfp4:mlx"];
     /// Tiny LFM2 in every format (both layouts of the float ones).
     pub const LFM2_FORMATS: [&str; 9] = [
@@ -243,7 +243,7 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
-            for family in ["lfm2", "llama", "minicpm", "gemma4"] {
+            for family in ["lfm2", "llama", "minicpm", "gemma4", "gemma4_moe"] {
                 cpu_vs(Backend::Metal, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
         }

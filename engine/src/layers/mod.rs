@@ -14,7 +14,7 @@ pub use attention::{AttentionConfig, GqaAttention};
 pub use gated_delta::{GatedDeltaNet, GdnConfig, GdnPath};
 pub use linear::Linear;
 pub use mlp::SwiGlu;
-pub use moe::{MoeConfig, SparseMoe};
+pub use moe::{MoeConfig, SparseMoe, StackedExperts};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use short_conv::ShortConv;

@@ -38,17 +38,98 @@ pub struct SharedExpert {
     pub gate: Linear,
 }
 
+/// The routed experts' gated MLPs, stacked per projection, and the gate's activation.
 #[derive(Debug, Clone)]
-pub struct SparseMoe {
-    pub cfg: MoeConfig,
-    /// `[experts, hidden]`.
-    pub router: Linear,
+pub struct StackedExperts {
+    pub experts: usize,
     /// Stacked `[experts·I, hidden]`.
     pub gate: Weight,
     /// Stacked `[experts·I, hidden]`.
     pub up: Weight,
     /// Stacked `[experts·hidden, I]`.
     pub down: Weight,
+    /// GeGLU (`gelu_tanh(gate) · up`, Gemma 4) instead of SwiGLU.
+    pub gelu: bool,
+}
+
+impl StackedExperts {
+    /// `switch` names MLX's stacked `{switch}.{gate,up,down}_proj.weight`, used when present;
+    /// else `fused` names the original `{fused}.gate_up_proj` and `{fused}.down_proj`.
+    pub fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        (switch, fused): (&str, &str),
+        (e, h, i): (usize, usize, usize),
+    ) -> Result<StackedExperts> {
+        let (gate, up, down) = if store.contains(&format!("{switch}.gate_proj.weight")) {
+            let stacked = |name: &str, rows: usize, cols: usize| {
+                let p = format!("{switch}.{name}");
+                store.stacked_weight(&p, quant.spec_for(&p), e, rows, cols)
+            };
+            (
+                stacked("gate_proj", i, h)?,
+                stacked("up_proj", i, h)?,
+                stacked("down_proj", h, i)?,
+            )
+        } else {
+            let both = store.tensor_shaped(&format!("{fused}.gate_up_proj"), &[e, 2 * i, h])?;
+            let (gate, up) = split_halves(&both, e)?;
+            let down = store.tensor_shaped(&format!("{fused}.down_proj"), &[e, h, i])?;
+            (
+                Weight::Dense(gate),
+                Weight::Dense(up),
+                Weight::Dense(down.reshape(&[e * h, i])?),
+            )
+        };
+        Ok(StackedExperts {
+            experts: e,
+            gate,
+            up,
+            down,
+            gelu: false,
+        })
+    }
+
+    /// Each (token, expert) pair's output `[T·k, hidden]`, in route order; reads only the
+    /// selected experts' rows.
+    pub fn forward(&self, x: &Tensor, routes: &ops::MoeRoutes) -> Result<Tensor> {
+        let e = self.experts;
+        let tokens = routes.pair_tokens();
+        let g = ops::gather_matmul(x, &self.gate, e, &tokens, &routes.experts)?;
+        let u = ops::gather_matmul(x, &self.up, e, &tokens, &routes.experts)?;
+        let h = if self.gelu {
+            ops::mul(&ops::gelu_tanh(&g)?, &u)?
+        } else {
+            ops::swiglu(&g, &u)?
+        };
+        let pairs: Vec<u32> = (0..routes.experts.len() as u32).collect();
+        Ok(ops::gather_matmul(
+            &h,
+            &self.down,
+            e,
+            &pairs,
+            &routes.experts,
+        )?)
+    }
+
+    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        for w in [&mut self.gate, &mut self.up, &mut self.down] {
+            *w = w.to_device(device)?;
+        }
+        Ok(())
+    }
+
+    pub fn weights(&self) -> [&Weight; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    pub cfg: MoeConfig,
+    /// `[experts, hidden]`.
+    pub router: Linear,
+    pub experts: StackedExperts,
     pub shared: Option<SharedExpert>,
 }
 
@@ -63,28 +144,15 @@ impl SparseMoe {
     ) -> Result<SparseMoe> {
         let (h, e, i) = (cfg.hidden, cfg.experts, cfg.expert_width);
         let router = Linear::load(store, quant, &format!("{prefix}.gate"), e, h)?;
-        let switch = format!("{prefix}.switch_mlp");
-        let (gate, up, down) = if store.contains(&format!("{switch}.gate_proj.weight")) {
-            let stacked = |name: &str, rows: usize, cols: usize| {
-                let p = format!("{switch}.{name}");
-                store.stacked_weight(&p, quant.spec_for(&p), e, rows, cols)
-            };
+        let experts = StackedExperts::load(
+            store,
+            quant,
             (
-                stacked("gate_proj", i, h)?,
-                stacked("up_proj", i, h)?,
-                stacked("down_proj", h, i)?,
-            )
-        } else {
-            let fused =
-                store.tensor_shaped(&format!("{prefix}.experts.gate_up_proj"), &[e, 2 * i, h])?;
-            let (gate, up) = split_halves(&fused, e)?;
-            let down = store.tensor_shaped(&format!("{prefix}.experts.down_proj"), &[e, h, i])?;
-            (
-                Weight::Dense(gate),
-                Weight::Dense(up),
-                Weight::Dense(down.reshape(&[e * h, i])?),
-            )
-        };
+                &format!("{prefix}.switch_mlp"),
+                &format!("{prefix}.experts"),
+            ),
+            (e, h, i),
+        )?;
         let shared = if cfg.shared_width > 0 {
             let p = format!("{prefix}.shared_expert");
             Some(SharedExpert {
@@ -97,9 +165,7 @@ impl SparseMoe {
         Ok(SparseMoe {
             cfg,
             router,
-            gate,
-            up,
-            down,
+            experts,
             shared,
         })
     }
@@ -107,12 +173,7 @@ impl SparseMoe {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let c = &self.cfg;
         let routes = ops::moe_route(&self.router.forward(x)?, c.top_k, c.renormalize)?;
-        let tokens = routes.pair_tokens();
-        let g = ops::gather_matmul(x, &self.gate, c.experts, &tokens, &routes.experts)?;
-        let u = ops::gather_matmul(x, &self.up, c.experts, &tokens, &routes.experts)?;
-        let h = ops::swiglu(&g, &u)?;
-        let pairs: Vec<u32> = (0..routes.experts.len() as u32).collect();
-        let y = ops::gather_matmul(&h, &self.down, c.experts, &pairs, &routes.experts)?;
+        let y = self.experts.forward(x, &routes)?;
         let shared = match &self.shared {
             Some(s) => Some((s.mlp.forward(x)?, ops::sigmoid(&s.gate.forward(x)?)?)),
             None => None,
@@ -123,9 +184,7 @@ impl SparseMoe {
 
     pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
         self.router.to_device(device)?;
-        for w in [&mut self.gate, &mut self.up, &mut self.down] {
-            *w = w.to_device(device)?;
-        }
+        self.experts.to_device(device)?;
         if let Some(s) = &mut self.shared {
             s.mlp.to_device(device)?;
             s.gate.to_device(device)?;
@@ -135,7 +194,8 @@ impl SparseMoe {
 
     /// Every weight matrix: router, the three stacked expert weights, the shared expert's.
     pub fn weights(&self) -> Vec<&Weight> {
-        let mut w = vec![&self.router.weight, &self.gate, &self.up, &self.down];
+        let mut w = vec![&self.router.weight];
+        w.extend(self.experts.weights());
         if let Some(s) = &self.shared {
             w.extend([
                 &s.mlp.gate.weight,
@@ -149,7 +209,7 @@ impl SparseMoe {
 
     /// The stacked expert weights (those of which a token reads `top_k / experts`).
     pub fn expert_weights(&self) -> [&Weight; 3] {
-        [&self.gate, &self.up, &self.down]
+        self.experts.weights()
     }
 }
 

@@ -1,4 +1,4 @@
-//! Gemma 4 text (`gemma4` with a nested `text_config`, or `gemma4_text`), dense variant.
+//! Gemma 4 text (`gemma4` with a nested `text_config`, or `gemma4_text`), dense and MoE.
 //!
 //! Facts checked against mlx-lm 0.32.2 (`gemma4_text.py`, `gemma4.py`, `rope_utils.py`):
 //! - layer kinds from `layer_types`, else `sliding_window_pattern` (p − 1 sliding, then one
@@ -16,6 +16,8 @@
 //! - per-layer inputs (`hidden_size_per_layer_input`): a per-layer embedding table plus a
 //!   projection of the scaled embeddings, normed and mixed, gate each layer's output;
 //! - embeddings × √hidden, tied head, logits soft-capped `c·tanh(x/c)`.
+//! - the MoE variant (`enable_moe_block`): a routed expert branch beside the dense MLP (see
+//!   [`MoeBranch`]).
 //!
 //! Names: `language_model.model.*` in mlx-lm folders, `model.language_model.*` in original
 //! multimodal ones, `model.*` in text-only ones (Qwen3.5's [`Layout`]). Original folders keep
@@ -31,7 +33,7 @@ use super::qwen3_5::Layout;
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::{limits::check_rope_theta, ModelConfig};
-use crate::layers::{Linear, RmsNorm, Rope};
+use crate::layers::{Linear, RmsNorm, Rope, StackedExperts};
 use crate::weights::WeightStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +92,110 @@ struct Block {
     down_proj: Linear,
     per_layer: Option<PerLayerGate>,
     layer_scalar: Option<f32>,
+    moe: Option<MoeBranch>,
+}
+
+/// The sparse branch of the MoE variant (`enable_moe_block`, 26B-A4B style), summed with the
+/// dense MLP's output before `post_feedforward_layernorm`. Facts from mlx-lm 0.32
+/// `gemma4_text.py` (`Router`, `Experts`, `DecoderLayer`).
+struct MoeBranch {
+    /// RMSNorm of the residual stream with gain `router.scale · hidden^-½`.
+    router_norm: RmsNorm,
+    /// `router.proj` `[experts, hidden]` (8-bit in quantized MLX folders).
+    router: Linear,
+    /// `router.per_expert_scale`, applied to the top-k weights after their softmax.
+    per_expert_scale: Vec<f32>,
+    experts: StackedExperts,
+    top_k: usize,
+    /// `pre_feedforward_layernorm_2`: the experts' input norm.
+    pre_norm: RmsNorm,
+    /// `post_feedforward_layernorm_1`: the dense MLP's output norm.
+    post_dense_norm: RmsNorm,
+    /// `post_feedforward_layernorm_2`: the experts' output norm.
+    post_norm: RmsNorm,
+}
+
+impl MoeBranch {
+    fn load(
+        store: &WeightStore,
+        cfg: &ModelConfig,
+        p: &str,
+        (hidden, experts, top_k, width, eps): (usize, usize, usize, usize, f32),
+    ) -> Result<MoeBranch> {
+        let scale_name = format!("{p}.router.scale");
+        let gain = (hidden as f32).powf(-0.5);
+        let scale: Vec<f32> = store
+            .tensor_shaped(&scale_name, &[hidden])?
+            .to_vec_f32()?
+            .iter()
+            .map(|v| v * gain)
+            .collect();
+        let pes_name = format!("{p}.router.per_expert_scale");
+        let per_expert_scale = store.tensor_shaped(&pes_name, &[experts])?.to_vec_f32()?;
+        ensure!(
+            per_expert_scale.iter().chain(&scale).all(|v| v.is_finite()),
+            "{}: `{scale_name}` or `{pes_name}` holds a value that is not finite",
+            store.dir().display()
+        );
+        let norm = |name: &str| RmsNorm::load(store, &format!("{p}.{name}.weight"), hidden, eps);
+        let mut stacked = StackedExperts::load(
+            store,
+            &cfg.quant,
+            (&format!("{p}.experts.switch_glu"), &format!("{p}.experts")),
+            (experts, hidden, width),
+        )?;
+        stacked.gelu = true;
+        Ok(MoeBranch {
+            router_norm: RmsNorm {
+                weight: Tensor::from_f32(&[hidden], scale)?,
+                eps,
+            },
+            router: Linear::load(
+                store,
+                &cfg.quant,
+                &format!("{p}.router.proj"),
+                experts,
+                hidden,
+            )?,
+            per_expert_scale,
+            experts: stacked,
+            top_k,
+            pre_norm: norm("pre_feedforward_layernorm_2")?,
+            post_dense_norm: norm("post_feedforward_layernorm_1")?,
+            post_norm: norm("post_feedforward_layernorm_2")?,
+        })
+    }
+
+    /// `dense` is the dense MLP's output, `x` the residual stream; returns their sum.
+    fn forward(&self, x: &Tensor, dense: &Tensor) -> Result<Tensor> {
+        let logits = self.router.forward(&self.router_norm.forward(x)?)?;
+        // Softmax over all experts then renormalising the top k equals mlx-lm's softmax over
+        // the top-k logits.
+        let mut routes = ops::moe_route(&logits, self.top_k, true)?;
+        for (w, &e) in routes.weights.iter_mut().zip(&routes.experts) {
+            *w *= self.per_expert_scale[e as usize];
+        }
+        let y = self.experts.forward(&self.pre_norm.forward(x)?, &routes)?;
+        let sparse = ops::moe_combine(&y, &routes.weights, self.top_k, None)?;
+        Ok(ops::add(
+            &self.post_dense_norm.forward(dense)?,
+            &self.post_norm.forward(&sparse)?,
+        )?)
+    }
+
+    fn upload(&mut self, device: kernels::Device) -> Result<()> {
+        self.router.to_device(device)?;
+        self.router_norm.to_device(device)?;
+        self.experts.to_device(device)?;
+        for n in [
+            &mut self.pre_norm,
+            &mut self.post_dense_norm,
+            &mut self.post_norm,
+        ] {
+            n.to_device(device)?;
+        }
+        Ok(())
+    }
 }
 
 /// The model-level half of the per-layer inputs.
@@ -217,11 +323,6 @@ fn rope_for(cfg: &ModelConfig, kind: Kind, head_dim: usize) -> Result<Rope> {
 impl Gemma4 {
     pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Gemma4> {
         let file = cfg.path();
-        ensure!(
-            !cfg.bool_or("enable_moe_block", false)?,
-            "{}: field `enable_moe_block` = true (Gemma 4 MoE) is not supported yet",
-            file.display()
-        );
         let layout = Layout::detect(store)?;
         let mp = layout.model_prefix();
         let hidden = cfg.width("hidden_size")?;
@@ -270,6 +371,13 @@ impl Gemma4 {
                 file.display()
             );
         }
+        let moe = if cfg.bool_or("enable_moe_block", false)? {
+            let experts = cfg.width("num_experts")?;
+            let top_k = cfg.usize_in("top_k_experts", 1..=experts)?;
+            Some((experts, top_k, cfg.width("moe_intermediate_size")?))
+        } else {
+            None
+        };
         let first_shared = layers - shared;
         // A shared layer reads the last non-shared layer of its kind.
         let mut kv_source: Vec<usize> = (0..layers).collect();
@@ -396,6 +504,12 @@ impl Gemma4 {
                 down_proj: lin("mlp.down_proj", hidden, width)?,
                 per_layer: per_layer_gate,
                 layer_scalar,
+                moe: match moe {
+                    Some((e, k, w)) => {
+                        Some(MoeBranch::load(store, cfg, &p, (hidden, e, k, w, eps))?)
+                    }
+                    None => None,
+                },
             });
         }
         let norm = RmsNorm::load(store, &format!("{mp}.norm.weight"), hidden, eps)?;
@@ -434,7 +548,21 @@ impl Gemma4 {
                 parameters += l.weight.numel();
             }
             parameters += 4 * hidden + b.attn.head_dim + usize::from(b.layer_scalar.is_some());
+            if let Some(m) = &b.moe {
+                weights.push(&m.router.weight);
+                weights.extend(m.experts.weights());
+                parameters += m.router.weight.numel() + 4 * hidden + m.per_expert_scale.len();
+                parameters += m.experts.weights().iter().map(|w| w.numel()).sum::<usize>();
+            }
         }
+        let moe_info = moe.map(|(e, k, w)| {
+            let experts: Vec<&Weight> = blocks
+                .iter()
+                .filter_map(|b| b.moe.as_ref())
+                .flat_map(|m| m.experts.weights())
+                .collect();
+            super::moe_info((e, k, w, 0), &experts, &weights, parameters)
+        });
         let layer_kinds = blocks
             .iter()
             .zip(&kinds)
@@ -458,7 +586,7 @@ impl Gemma4 {
             context_length: context,
             vocab_size: vocab,
             hidden_size: hidden,
-            moe: None,
+            moe: moe_info,
         };
         Ok(Gemma4 {
             info,
@@ -596,6 +724,9 @@ impl CausalLm for Gemma4 {
             for l in [&mut b.gate_proj, &mut b.up_proj, &mut b.down_proj] {
                 l.to_device(device)?;
             }
+            if let Some(m) = &mut b.moe {
+                m.upload(device)?;
+            }
             if let Some(g) = &mut b.per_layer {
                 g.input_gate.to_device(device)?;
                 g.projection.to_device(device)?;
@@ -622,6 +753,10 @@ impl CausalLm for Gemma4 {
             let h = b
                 .down_proj
                 .forward(&ops::mul(&g, &b.up_proj.forward(&m)?)?)?;
+            let h = match &b.moe {
+                Some(moe) => moe.forward(&x, &h)?,
+                None => h,
+            };
             x = ops::add(&x, &b.post_ffn_norm.forward(&h)?)?;
             if let (Some(g), Some(inputs)) = (&b.per_layer, &per_layer) {
                 let gate = ops::gelu_tanh(&g.input_gate.forward(&x)?)?;

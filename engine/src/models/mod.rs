@@ -47,6 +47,30 @@ pub struct MoeInfo {
     pub active_weight_bytes: usize,
 }
 
+/// What a decode token reads of a sparse model: everything but the `E − k` unselected experts
+/// of each layer (embedding rows are counted whole on both sides). `widths` is (experts, top-k,
+/// expert width, shared-expert width); `experts` the stacked expert weights of every layer.
+pub(crate) fn moe_info(
+    (experts, top_k, expert_width, shared_expert_width): (usize, usize, usize, usize),
+    expert_weights: &[&kernels::Weight],
+    all: &[&kernels::Weight],
+    parameters: usize,
+) -> MoeInfo {
+    let unused = |total: usize| total / experts * (experts - top_k);
+    let expert_params: usize = expert_weights.iter().map(|w| w.numel()).sum();
+    let expert_bytes: usize = expert_weights.iter().map(|w| w.stored_bytes()).sum();
+    let weight_bytes: usize = all.iter().map(|w| w.stored_bytes()).sum();
+    MoeInfo {
+        experts,
+        experts_per_token: top_k,
+        expert_width,
+        shared_expert_width,
+        active_parameters: parameters - unused(expert_params),
+        weight_bytes,
+        active_weight_bytes: weight_bytes - unused(expert_bytes),
+    }
+}
+
 /// A decoder-only language model: a forward over any number of new tokens that extends a
 /// sequence state. Multi-token forwards serve prefill and speculative verification alike.
 pub trait CausalLm: Send + Sync {

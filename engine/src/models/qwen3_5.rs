@@ -534,8 +534,7 @@ impl Loader<'_> {
     }
 }
 
-/// What a decode token reads of a sparse model: everything but the `E − k` unselected experts
-/// of each layer (embedding rows are counted whole on both sides).
+/// The MoE summary of a sparse Qwen3.5 model (see [`super::moe_info`]).
 fn moe_info(m: MoeConfig, all: &[&Weight], layers: &[DecoderLayer], parameters: usize) -> MoeInfo {
     let experts: Vec<&Weight> = layers
         .iter()
@@ -545,19 +544,8 @@ fn moe_info(m: MoeConfig, all: &[&Weight], layers: &[DecoderLayer], parameters: 
         })
         .flatten()
         .collect();
-    let unused = |total: usize| total / m.experts * (m.experts - m.top_k);
-    let expert_params: usize = experts.iter().map(|w| w.numel()).sum();
-    let expert_bytes: usize = experts.iter().map(|w| w.stored_bytes()).sum();
-    let weight_bytes: usize = all.iter().map(|w| w.stored_bytes()).sum();
-    MoeInfo {
-        experts: m.experts,
-        experts_per_token: m.top_k,
-        expert_width: m.expert_width,
-        shared_expert_width: m.shared_width,
-        active_parameters: parameters - unused(expert_params),
-        weight_bytes,
-        active_weight_bytes: weight_bytes - unused(expert_bytes),
-    }
+    let widths = (m.experts, m.top_k, m.expert_width, m.shared_width);
+    super::moe_info(widths, &experts, all, parameters)
 }
 
 impl Qwen3_5 {

@@ -37,6 +37,11 @@ pub const MATRIX: &[Row] = &[
         paths: &["gdn=perstep", "gdn=chunked"],
     },
     Row {
+        family: "lfm2",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
         family: "llama",
         formats: Format::ALL,
         paths: &["default"],
@@ -48,6 +53,11 @@ pub const MATRIX: &[Row] = &[
     },
     Row {
         family: "gemma4",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
+        family: "gemma4_moe",
         formats: Format::ALL,
         paths: &["default"],
     },

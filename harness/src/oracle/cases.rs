@@ -19,6 +19,7 @@ pub const FAMILIES: &[&str] = &[
     "llama",
     "minicpm",
     "gemma4",
+    "gemma4_moe",
 ];
 
 /// Families that also have folders written by mlx-lm's own save functions (the later families

@@ -6,7 +6,10 @@
 //! KV-shared (reading layers 3 and 2) with double-wide MLPs, full layers with head dim 64,
 //! one KV head and K = V (`attention_k_eq_v`), proportional RoPE on a quarter of their dims,
 //! a sliding window of 32 (the 70- and 300-token prompts run past it), per-layer inputs of
-//! width 16. Names: `model.language_model.*` in the hf layout (which also keeps the unused K/V
+//! width 16. `gemma4_moe` is the MoE variant (`enable_moe_block`, 26B-A4B style) on the same
+//! attention stack, without per-layer inputs or KV sharing (as that model has neither): every
+//! layer adds 8 GeGLU experts of width 64 (top 2) beside its dense MLP, with the router at 8
+//! bits in quantized folders. Names: `model.language_model.*` in the hf layout (which also keeps the unused K/V
 //! projections of the KV-shared layers), `language_model.model.*` in mlx-lm's.
 
 use anyhow::Result;
@@ -16,7 +19,17 @@ use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
 use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
 use crate::synth::tokenizer::TokenizerPlan;
 
-pub struct Gemma4;
+/// Gemma 4 text; `moe` selects the MoE variant (`gemma4_moe`).
+pub struct Gemma4 {
+    pub moe: bool,
+}
+
+/// The sparse branch's widths.
+struct MoeDims {
+    experts: usize,
+    top_k: usize,
+    width: usize,
+}
 
 struct Dims {
     hidden: usize,
@@ -35,6 +48,7 @@ struct Dims {
     /// Every `pattern`-th layer is full.
     pattern: usize,
     max_positions: usize,
+    moe: Option<MoeDims>,
 }
 
 impl Dims {
@@ -43,8 +57,25 @@ impl Dims {
     }
 }
 
-fn dims(size: Size) -> Dims {
-    match size {
+fn dims(size: Size, moe: bool) -> Result<Dims> {
+    if moe {
+        anyhow::ensure!(
+            size == Size::Tiny,
+            "gemma4_moe has only the `tiny` size: the 26B-A4B widths were not at hand to copy \
+             (use gemma4 for a bench-sized Gemma 4)"
+        );
+        return Ok(Dims {
+            per_layer_width: 0,
+            kv_shared: 0,
+            moe: Some(MoeDims {
+                experts: 8,
+                top_k: 2,
+                width: 64,
+            }),
+            ..dims(size, false)?
+        });
+    }
+    Ok(match size {
         Size::Tiny => Dims {
             hidden: 128,
             intermediate: 256,
@@ -61,6 +92,7 @@ fn dims(size: Size) -> Dims {
             window: 32,
             pattern: 3,
             max_positions: 4096,
+            moe: None,
         },
         // Gemma 4 E2B's widths (hidden 1536, 35 layers of which the last 20 share KV, 8 q / 1 KV
         // heads × 256, full layers × 512, MLP 6144, per-layer inputs 256, window 512), with the
@@ -82,8 +114,9 @@ fn dims(size: Size) -> Dims {
             window: 512,
             pattern: 5,
             max_positions: 131_072,
+            moe: None,
         },
-    }
+    })
 }
 
 const LOGIT_STD: f32 = 5.0;
@@ -110,15 +143,23 @@ const SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N
 
 impl super::Family for Gemma4 {
     fn name(&self) -> &'static str {
-        "gemma4"
+        if self.moe {
+            "gemma4_moe"
+        } else {
+            "gemma4"
+        }
     }
 
     fn about(&self) -> &'static str {
-        "Gemma 4 text, dense (tiny: 6 layers with KV sharing, K=V, per-layer inputs; bench: E2B widths, vocab 32768)"
+        if self.moe {
+            "Gemma 4 text, MoE variant (tiny only: 6 layers, 8 GeGLU experts top-2 beside each dense MLP)"
+        } else {
+            "Gemma 4 text, dense (tiny: 6 layers with KV sharing, K=V, per-layer inputs; bench: E2B widths, vocab 32768)"
+        }
     }
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
-        let d = dims(spec.size);
+        let d = dims(spec.size, self.moe)?;
         let tokenizer = TokenizerPlan {
             regular_tokens: d.vocab - SPECIALS.len(),
             specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
@@ -145,10 +186,10 @@ impl super::Family for Gemma4 {
                 }
             })
             .collect();
-        let text = json!({
+        let mut text = json!({
             "attention_k_eq_v": d.k_eq_v,
             "bos_token_id": bos,
-            "enable_moe_block": false,
+            "enable_moe_block": d.moe.is_some(),
             "eos_token_id": [eos, eot],
             "final_logit_softcapping": SOFTCAP,
             "global_head_dim": d.global_head_dim,
@@ -181,6 +222,12 @@ impl super::Family for Gemma4 {
             "vocab_size": d.vocab,
             "vocab_size_per_layer_input": d.vocab,
         });
+        if let Some(m) = &d.moe {
+            let t = text.as_object_mut().expect("a JSON object");
+            t.insert("num_experts".into(), m.experts.into());
+            t.insert("top_k_experts".into(), m.top_k.into());
+            t.insert("moe_intermediate_size".into(), m.width.into());
+        }
         let mut config: Value = json!({
             "architectures": ["Gemma4ForConditionalGeneration"],
             "model_type": "gemma4",
@@ -192,6 +239,9 @@ impl super::Family for Gemma4 {
             "vocab_size": d.vocab,
         });
         insert_quantization(&mut config, spec.format);
+        if d.moe.is_some() {
+            insert_router_overrides(&mut config, d.layers);
+        }
         let generation_config = json!({
             "bos_token_id": bos,
             "do_sample": true,
@@ -207,6 +257,23 @@ impl super::Family for Gemma4 {
             tokenizer,
             tensors: tensors(&d, layout),
         })
+    }
+}
+
+/// mlx-lm's Gemma 4 `quant_predicate` keeps each `router.proj` at 8 bits (group 64) and records
+/// it in the `quantization` blocks by module path.
+fn insert_router_overrides(config: &mut Value, layers: usize) {
+    let eight = json!({"group_size": crate::synth::values::MATRIX8.group_size, "bits": crate::synth::values::MATRIX8.bits});
+    for key in ["quantization", "quantization_config"] {
+        let Some(block) = config.get_mut(key).and_then(|b| b.as_object_mut()) else {
+            continue;
+        };
+        for l in 0..layers {
+            block.insert(
+                format!("language_model.model.layers.{l}.router.proj"),
+                eight.clone(),
+            );
+        }
     }
 }
 
@@ -240,24 +307,26 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
         Init::around(LOGIT_STD, LOGIT_STD * NORM_NOISE),
         Store::Float,
     );
-    push(
-        "embed_tokens_per_layer.weight".into(),
-        &[d.vocab, d.layers * w],
-        Init::normal(0.25),
-        Store::Matrix,
-    );
-    push(
-        "per_layer_model_projection.weight".into(),
-        &[d.layers * w, h],
-        linear(h),
-        Store::Matrix,
-    );
-    push(
-        "per_layer_projection_norm.weight".into(),
-        &[w],
-        norm(),
-        Store::Float,
-    );
+    if w > 0 {
+        push(
+            "embed_tokens_per_layer.weight".into(),
+            &[d.vocab, d.layers * w],
+            Init::normal(0.25),
+            Store::Matrix,
+        );
+        push(
+            "per_layer_model_projection.weight".into(),
+            &[d.layers * w, h],
+            linear(h),
+            Store::Matrix,
+        );
+        push(
+            "per_layer_projection_norm.weight".into(),
+            &[w],
+            norm(),
+            Store::Float,
+        );
+    }
     let first_shared = d.layers - d.kv_shared;
     for l in 0..d.layers {
         let p = format!("layers.{l}");
@@ -294,8 +363,10 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
         lin("mlp.gate_proj", inter, h);
         lin("mlp.up_proj", inter, h);
         lin("mlp.down_proj", h, inter);
-        lin("per_layer_input_gate", w, h);
-        lin("per_layer_projection", h, w);
+        if w > 0 {
+            lin("per_layer_input_gate", w, h);
+            lin("per_layer_projection", h, w);
+        }
         // Attention runs at scale 1 on normed q and k: gains of D^-¼ on each give the
         // usual 1/√D and keep the attention logits O(1), so f32 rounding is not amplified
         // through near-one-hot softmaxes over hundreds of positions.
@@ -319,9 +390,20 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
             "post_attention_layernorm",
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
-            "post_per_layer_input_norm",
         ] {
             nrm(name, h);
+        }
+        if w > 0 {
+            nrm("post_per_layer_input_norm", h);
+        }
+        if d.moe.is_some() {
+            for name in [
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_1",
+                "post_feedforward_layernorm_2",
+            ] {
+                nrm(name, h);
+            }
         }
         push(
             format!("{p}.layer_scalar"),
@@ -330,5 +412,81 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
             Store::Float,
         );
     }
+    if let Some(m) = &d.moe {
+        for l in 0..d.layers {
+            experts(&mut out, &format!("layers.{l}"), m, h, layout);
+        }
+    }
     out
+}
+
+/// One layer's router and stacked experts, drawn under the MLX names in both layouts.
+fn experts(out: &mut Vec<TensorPlan>, p: &str, m: &MoeDims, h: usize, layout: Layout) {
+    let mlx = |path: &str| format!("language_model.model.{p}.{path}");
+    let name = |path: &str| match layout {
+        Layout::Mlx => mlx(path),
+        Layout::Hf => format!("model.language_model.{p}.{path}"),
+    };
+    let std = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+    let mut push = |path: &str, shape: &[usize], init: Init, store: Store| {
+        out.push(TensorPlan::new(name(path), shape, init, store).seeded_as(mlx(path)));
+    };
+    // A router louder than unit scale separates the experts' scores, so routing is not decided
+    // by rounding; per-expert scales around 1 make the branch's weights unequal.
+    push(
+        "router.proj.weight",
+        &[m.experts, h],
+        Init::normal(4.0 * std(h)),
+        Store::Matrix8,
+    );
+    push(
+        "router.scale",
+        &[h],
+        Init::around(1.0, NORM_NOISE),
+        Store::Float,
+    );
+    push(
+        "router.per_expert_scale",
+        &[m.experts],
+        Init::around(1.0, 0.2),
+        Store::Float,
+    );
+    let (e, i) = (m.experts, m.width);
+    match layout {
+        Layout::Mlx => {
+            for (proj, shape) in [
+                ("gate_proj", [e, i, h]),
+                ("up_proj", [e, i, h]),
+                ("down_proj", [e, h, i]),
+            ] {
+                push(
+                    &format!("experts.switch_glu.{proj}.weight"),
+                    &shape,
+                    Init::normal(std(shape[2])),
+                    Store::Matrix,
+                );
+            }
+        }
+        Layout::Hf => {
+            let seed = |proj: &str| mlx(&format!("experts.switch_glu.{proj}.weight"));
+            out.push(
+                TensorPlan::new(
+                    name("experts.gate_up_proj"),
+                    &[e, 2 * i, h],
+                    Init::normal(std(h)),
+                    Store::Matrix,
+                )
+                .fused_from(seed("gate_proj"), seed("up_proj")),
+            );
+            out.push(
+                TensorPlan::new(
+                    name("experts.down_proj"),
+                    &[e, h, i],
+                    Init::normal(std(i)),
+                    Store::Matrix,
+                )
+                .seeded_as(seed("down_proj")),
+            );
+        }
+    }
 }

@@ -31,7 +31,8 @@ const FAMILIES: &[&dyn Family] = &[
     &lfm2::Lfm2,
     &llama::Llama,
     &llama::MiniCpm,
-    &gemma4::Gemma4,
+    &gemma4::Gemma4 { moe: false },
+    &gemma4::Gemma4 { moe: true },
 ];
 
 pub fn all() -> &'static [&'static dyn Family] {
