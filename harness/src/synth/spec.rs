@@ -140,6 +140,22 @@ impl Format {
     }
 }
 
+/// Records modules that a quantized folder keeps at 8 bits (mlx-lm's `quant_predicate` for
+/// routers and gates, see [`crate::synth::plan::Store::Matrix8`]) in the `quantization` blocks
+/// that [`insert_quantization`] added, by module path; a float folder has none and is unchanged.
+pub fn insert_8bit_overrides(config: &mut Value, modules: &[String]) {
+    let q = crate::synth::values::MATRIX8;
+    let eight = json!({"group_size": q.group_size, "bits": q.bits});
+    for key in ["quantization", "quantization_config"] {
+        let Some(block) = config.get_mut(key).and_then(|b| b.as_object_mut()) else {
+            continue;
+        };
+        for m in modules {
+            block.insert(m.clone(), eight.clone());
+        }
+    }
+}
+
 /// Adds `quantization` and `quantization_config` to a config object when `format` is quantized.
 pub fn insert_quantization(config: &mut Value, format: Format) {
     if let (Some(block), Some(obj)) = (format.quantization_block(), config.as_object_mut()) {

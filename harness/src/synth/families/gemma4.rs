@@ -16,7 +16,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
-use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
+use crate::synth::spec::{insert_8bit_overrides, insert_quantization, Layout, Size, SynthSpec};
 use crate::synth::tokenizer::TokenizerPlan;
 
 /// Gemma 4 text; `moe` selects the MoE variant (`gemma4_moe`).
@@ -240,7 +240,11 @@ impl super::Family for Gemma4 {
         });
         insert_quantization(&mut config, spec.format);
         if d.moe.is_some() {
-            insert_router_overrides(&mut config, d.layers);
+            // mlx-lm's Gemma 4 `quant_predicate` keeps each `router.proj` at 8 bits.
+            let routers: Vec<String> = (0..d.layers)
+                .map(|l| format!("language_model.model.layers.{l}.router.proj"))
+                .collect();
+            insert_8bit_overrides(&mut config, &routers);
         }
         let generation_config = json!({
             "bos_token_id": bos,
@@ -257,23 +261,6 @@ impl super::Family for Gemma4 {
             tokenizer,
             tensors: tensors(&d, layout),
         })
-    }
-}
-
-/// mlx-lm's Gemma 4 `quant_predicate` keeps each `router.proj` at 8 bits (group 64) and records
-/// it in the `quantization` blocks by module path.
-fn insert_router_overrides(config: &mut Value, layers: usize) {
-    let eight = json!({"group_size": crate::synth::values::MATRIX8.group_size, "bits": crate::synth::values::MATRIX8.bits});
-    for key in ["quantization", "quantization_config"] {
-        let Some(block) = config.get_mut(key).and_then(|b| b.as_object_mut()) else {
-            continue;
-        };
-        for l in 0..layers {
-            block.insert(
-                format!("language_model.model.layers.{l}.router.proj"),
-                eight.clone(),
-            );
-        }
     }
 }
 

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use super::qwen3::qwen_tokenizer;
 use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
-use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
+use crate::synth::spec::{insert_8bit_overrides, insert_quantization, Layout, Size, SynthSpec};
 
 /// `moe: false` is Qwen3.5 dense, `true` Qwen3.5/3.6 MoE.
 pub struct Qwen3_5 {
@@ -313,23 +313,15 @@ fn mrope_section(rotary_dims: usize) -> [usize; 3] {
     [a, a, half - 2 * a]
 }
 
-/// mlx-lm's MoE `quant_predicate` keeps each router and shared-expert gate at 8 bits and records
-/// them in the `quantization` blocks by module path.
+/// mlx-lm's MoE `quant_predicate` keeps each router and shared-expert gate at 8 bits.
 fn insert_moe_overrides(config: &mut Value, d: &Dims) {
-    let eight = json!({"group_size": crate::synth::values::MATRIX8.group_size, "bits": crate::synth::values::MATRIX8.bits});
-    for key in ["quantization", "quantization_config"] {
-        let Some(block) = config.get_mut(key).and_then(|b| b.as_object_mut()) else {
-            continue;
-        };
-        for l in 0..d.layers {
-            for m in ["gate", "shared_expert_gate"] {
-                block.insert(
-                    format!("language_model.model.layers.{l}.mlp.{m}"),
-                    eight.clone(),
-                );
-            }
-        }
-    }
+    let modules: Vec<String> = (0..d.layers)
+        .flat_map(|l| {
+            ["gate", "shared_expert_gate"]
+                .map(|m| format!("language_model.model.layers.{l}.mlp.{m}"))
+        })
+        .collect();
+    insert_8bit_overrides(config, &modules);
 }
 
 /// config.json as the published checkpoint has it (keys sorted, as transformers writes them), or
