@@ -23,8 +23,8 @@ nvrtc_dirs="$(bash ci/cuda/setup.sh | tail -n 1)"
 export LD_LIBRARY_PATH="$nvrtc_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 t1=$(date +%s)
 
-echo "== cuda: cargo build --release --features cuda"
-cargo build --release "${crates[@]}" --features cuda
+# No separate `cargo build`: the test and clippy steps below build (and check) every target
+# they need with the feature, and the engine binary is built for its CLI test.
 t2=$(date +%s)
 
 echo "== cuda: tests that need no GPU (NVRTC compile for 8.0/9.0/12.1, host logic, error paths)"
