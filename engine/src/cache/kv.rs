@@ -43,17 +43,20 @@ impl KvCache {
             window > 0,
             "a sliding window must hold at least one position"
         );
-        Ok(KvCache {
-            window: Some(window),
-            ..KvCache::new(kv_heads, head_dim, 0)
-        })
+        Ok(KvCache::for_layer(kv_heads, head_dim, Some(window)))
     }
 
-    /// The same kind of cache (flat or rotating, same shape), empty.
-    pub fn empty_like(&self) -> KvCache {
+    /// The cache a layer with this attention window needs: rotating for a sliding window,
+    /// flat otherwise. Models pass windows read as config widths, which are at least 1.
+    pub fn for_layer(kv_heads: usize, head_dim: usize, window: Option<usize>) -> KvCache {
+        debug_assert_ne!(
+            window,
+            Some(0),
+            "a sliding window holds at least one position"
+        );
         KvCache {
-            window: self.window,
-            ..KvCache::new(self.k.dim(0), self.k.dim(2), 0)
+            window,
+            ..KvCache::new(kv_heads, head_dim, 0)
         }
     }
 

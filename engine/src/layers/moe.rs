@@ -54,12 +54,14 @@ pub struct StackedExperts {
 
 impl StackedExperts {
     /// `switch` names MLX's stacked `{switch}.{gate,up,down}_proj.weight`, used when present;
-    /// else `fused` names the original `{fused}.gate_up_proj` and `{fused}.down_proj`.
+    /// else `fused` names the original `{fused}.gate_up_proj` and `{fused}.down_proj`. `gelu`
+    /// selects GeGLU experts (SwiGLU otherwise).
     pub fn load(
         store: &WeightStore,
         quant: &QuantConfig,
         (switch, fused): (&str, &str),
         (e, h, i): (usize, usize, usize),
+        gelu: bool,
     ) -> Result<StackedExperts> {
         let (gate, up, down) = if store.contains(&format!("{switch}.gate_proj.weight")) {
             let stacked = |name: &str, rows: usize, cols: usize| {
@@ -86,7 +88,7 @@ impl StackedExperts {
             gate,
             up,
             down,
-            gelu: false,
+            gelu,
         })
     }
 
@@ -152,6 +154,7 @@ impl SparseMoe {
                 &format!("{prefix}.experts"),
             ),
             (e, h, i),
+            false,
         )?;
         let shared = if cfg.shared_width > 0 {
             let p = format!("{prefix}.shared_expert");

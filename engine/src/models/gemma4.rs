@@ -138,13 +138,13 @@ impl MoeBranch {
             store.dir().display()
         );
         let norm = |name: &str| RmsNorm::load(store, &format!("{p}.{name}.weight"), hidden, eps);
-        let mut stacked = StackedExperts::load(
+        let stacked = StackedExperts::load(
             store,
             &cfg.quant,
             (&format!("{p}.experts.switch_glu"), &format!("{p}.experts")),
             (experts, hidden, width),
+            true,
         )?;
-        stacked.gelu = true;
         Ok(MoeBranch {
             router_norm: RmsNorm {
                 weight: Tensor::from_f32(&[hidden], scale)?,
@@ -686,14 +686,8 @@ impl CausalLm for Gemma4 {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
-                    let (h, d) = (b.attn.kv_heads, b.attn.head_dim);
-                    LayerState::Kv(match b.attn.window {
-                        Some(w) if b.kv_source == i => KvCache {
-                            window: Some(w),
-                            ..KvCache::new(h, d, 0)
-                        },
-                        _ => KvCache::new(h, d, 0),
-                    })
+                    let window = b.attn.window.filter(|_| b.kv_source == i);
+                    LayerState::Kv(KvCache::for_layer(b.attn.kv_heads, b.attn.head_dim, window))
                 })
                 .collect(),
         )

@@ -274,12 +274,13 @@ impl CausalLm for Llama {
         ModelState::new(
             self.blocks
                 .iter()
+                // Sliding layers rotate: their memory is bounded by the window.
                 .map(|b| {
-                    LayerState::Kv(KvCache {
-                        // Sliding layers rotate: their memory is bounded by the window.
-                        window: b.attn.cfg.window,
-                        ..KvCache::new(self.kv_heads, self.head_dim, 0)
-                    })
+                    LayerState::Kv(KvCache::for_layer(
+                        self.kv_heads,
+                        self.head_dim,
+                        b.attn.cfg.window,
+                    ))
                 })
                 .collect(),
         )
