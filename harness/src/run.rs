@@ -199,6 +199,10 @@ impl RunArgs {
                     cpu_vs_mlx("gemma4_moe:tiny:q4"),
                 ),
                 (
+                    "parity backend=cpu vs backend=mlx (lfm2_moe:tiny:q4)",
+                    cpu_vs_mlx("lfm2_moe:tiny:q4"),
+                ),
+                (
                     "parity backend=cpu vs backend=mlx (lfm2:tiny)",
                     vec![
                         "parity",

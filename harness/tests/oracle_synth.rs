@@ -1,6 +1,6 @@
 //! Conformance with mlx-lm from the stored references (no Python at test time): every
 //! checkpoint mlx-lm wrote itself (MLX layout, every weight format) and every synthetic tiny
-//! checkpoint (both layouts), Qwen3, Qwen3.5 and Qwen3.5 MoE with both Gated DeltaNet paths, LFM2, Llama, MiniCPM and Gemma 4. The same check
+//! checkpoint (both layouts), Qwen3, Qwen3.5 and Qwen3.5 MoE with both Gated DeltaNet paths, LFM2, LFM2-MoE, Llama, MiniCPM and Gemma 4. The same check
 //! as `harness oracle check`. Built with `--features mlx`, the same cases also run on the MLX
 //! backend (MLX's CPU device here) against the same references.
 
@@ -55,6 +55,7 @@ mod on_mlx {
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "synth/qwen3_5:", Some(GdnPath::Chunked));
         check_on(Backend::Mlx, "synth/lfm2:", None);
+        check_on(Backend::Mlx, "synth/lfm2_moe:", None);
         check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::PerStep));
         check_on(Backend::Mlx, "synth/qwen3_5_moe:", Some(GdnPath::Chunked));
         for family in ATTENTION_FAMILIES {
@@ -166,6 +167,11 @@ fn mlx_written_qwen3_5_matches_mlx_lm_chunked() {
 #[test]
 fn synth_lfm2_matches_mlx_lm() {
     check("synth/lfm2:", None);
+}
+
+#[test]
+fn synth_lfm2_moe_matches_mlx_lm() {
+    check("synth/lfm2_moe:", None);
 }
 
 /// mlx-lm's own LFM2 folders: with and without `conv_bias`, layer kinds as `full_attn_idxs`

@@ -219,6 +219,15 @@ mod cpu_vs_mlx {
         }
     }
 
+    /// LFM2-MoE: the sigmoid router with its selection bias, then MLX's gathered matmuls, in
+    /// both layouts (per-expert originals stacked at load) and two quantized formats.
+    #[test]
+    fn lfm2_moe_cpu_and_mlx_agree() {
+        for f in LLAMA_FORMATS {
+            cpu_vs_mlx(&format!("lfm2_moe:tiny:{f}"), "gdn=auto");
+        }
+    }
+
     /// MoE: MLX's gather_mm / gather_qmm against the CPU's grouped matmuls.
     #[test]
     fn qwen3_5_moe_cpu_and_mlx_agree_on_both_gdn_paths() {
@@ -243,7 +252,14 @@ mod cpu_vs_metal {
             for gdn in ["gdn=perstep", "gdn=chunked"] {
                 cpu_vs(Backend::Metal, &format!("qwen3_5:tiny:{f}"), gdn);
             }
-            for family in ["lfm2", "llama", "minicpm", "gemma4", "gemma4_moe"] {
+            for family in [
+                "lfm2",
+                "lfm2_moe",
+                "llama",
+                "minicpm",
+                "gemma4",
+                "gemma4_moe",
+            ] {
                 cpu_vs(Backend::Metal, &format!("{family}:tiny:{f}"), "gdn=auto");
             }
         }
@@ -301,6 +317,9 @@ mod cpu_vs_cuda {
         }
         for f in LFM2_FORMATS {
             cpu_vs(Backend::Cuda, &format!("lfm2:tiny:{f}"), "gdn=auto");
+        }
+        for f in LLAMA_FORMATS {
+            cpu_vs(Backend::Cuda, &format!("lfm2_moe:tiny:{f}"), "gdn=auto");
         }
     }
 }

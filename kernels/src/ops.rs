@@ -8,7 +8,9 @@ use crate::error::{shape_err, Result};
 use crate::{cpu, Tensor, Weight};
 
 mod moe;
-pub use moe::{expert_rows, gather_matmul, moe_combine, moe_route, MoeRoutes};
+pub use moe::{
+    expert_rows, gather_matmul, moe_combine, moe_route, moe_route_sigmoid, MoeRoutes, Routing,
+};
 
 /// RoPE pair layout: `HalfSplit` rotates (x[i], x[i + r/2]) (NeoX/Qwen/Llama in HF layout),
 /// `Interleaved` rotates (x[2i], x[2i+1]) (GPT-J style).

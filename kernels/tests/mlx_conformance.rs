@@ -590,6 +590,21 @@ fn moe_ops_every_format_and_only_selected_experts() {
         ops::moe_route(&logits, 4, true).unwrap().experts,
         ops::moe_route(&mlx(&logits), 4, true).unwrap().experts
     );
+    let bias = values(16, 48);
+    let routing = ops::Routing {
+        selection_bias: &bias,
+        renormalize: true,
+        renormalize_eps: 1e-6,
+        scale: 1.0,
+    };
+    let (on_cpu, on_mlx) = (
+        ops::moe_route_sigmoid(&logits, 4, routing).unwrap(),
+        ops::moe_route_sigmoid(&mlx(&logits), 4, routing).unwrap(),
+    );
+    assert_eq!(on_cpu.experts, on_mlx.experts);
+    for (a, b) in on_cpu.weights.iter().zip(&on_mlx.weights) {
+        assert!((a - b).abs() < 1e-5, "sigmoid route weights {a} vs {b}");
+    }
     let (y, s, g) = (host(&[12, 40], 44), host(&[4, 40], 45), host(&[4, 1], 46));
     let w = values(12, 47);
     let cpu = ops::moe_combine(&y, &w, 3, Some((&s, &g))).unwrap();

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{formats, poison, values, weight_in};
-use kernels::ops::{self, MoeRoutes};
+use kernels::ops::{self, MoeRoutes, Routing};
 use kernels::{quant, Tensor, Weight};
 
 /// The weight's values as the kernels see them (dense widened, quantized decoded), in f64.
@@ -144,6 +144,64 @@ fn moe_route_takes_the_top_k_of_the_softmax() {
     }
     assert!(ops::moe_route(&x, 0, true).is_err());
     assert!(ops::moe_route(&x, e + 1, true).is_err());
+}
+
+#[test]
+fn moe_route_sigmoid_chooses_by_biased_score_and_weighs_by_unbiased() {
+    let (t, e, k) = (9, 16, 4);
+    let logits: Vec<f32> = values(t * e, 22).iter().map(|v| v * 6.0).collect();
+    // A bias large enough to change the choice in most rows.
+    let bias: Vec<f32> = values(e, 23).iter().map(|v| v * 0.5).collect();
+    let x = Tensor::from_f32(&[t, e], logits.clone()).unwrap();
+    let mut changed = 0;
+    for (with_bias, renorm, scale) in [(false, false, 1.0), (true, true, 1.0), (true, true, 2.5)] {
+        let routing = Routing {
+            selection_bias: if with_bias { &bias } else { &[] },
+            renormalize: renorm,
+            renormalize_eps: 1e-6,
+            scale,
+        };
+        let r = ops::moe_route_sigmoid(&x, k, routing).unwrap();
+        for row in 0..t {
+            let l = &logits[row * e..(row + 1) * e];
+            let p: Vec<f64> = l.iter().map(|&v| 1.0 / (1.0 + (-v as f64).exp())).collect();
+            let key = |i: usize| p[i] + if with_bias { bias[i] as f64 } else { 0.0 };
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| key(b).partial_cmp(&key(a)).unwrap());
+            let top = &order[..k];
+            let mut unbiased: Vec<usize> = (0..e).collect();
+            unbiased.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+            changed += usize::from(with_bias && unbiased[..k] != *top);
+            let sum: f64 = top.iter().map(|&i| p[i]).sum();
+            for j in 0..k {
+                assert_eq!(
+                    r.experts[row * k + j] as usize,
+                    top[j],
+                    "row {row} rank {j}"
+                );
+                let w = if renorm {
+                    p[top[j]] / (sum + 1e-6)
+                } else {
+                    p[top[j]]
+                };
+                let got = r.weights[row * k + j] as f64;
+                assert!(
+                    (got - w * scale as f64).abs() < 1e-6,
+                    "row {row}: {got} vs {w}"
+                );
+            }
+        }
+    }
+    assert!(
+        changed > 0,
+        "the bias never changed a choice: the test shows nothing"
+    );
+    let short = Routing {
+        selection_bias: &bias[..3],
+        ..Routing::plain(true)
+    };
+    assert!(ops::moe_route_sigmoid(&x, k, short).is_err());
+    assert!(ops::moe_route_sigmoid(&x, e + 1, Routing::plain(true)).is_err());
 }
 
 #[test]

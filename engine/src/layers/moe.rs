@@ -7,7 +7,8 @@
 //! Expert weights are stacked: `switch_mlp.{gate,up,down}_proj` `[E, out, in]` in MLX folders
 //! (quantized along `in` like any linear), `experts.gate_up_proj` `[E, 2·I, H]` (gate rows, then
 //! up rows) and `experts.down_proj` `[E, H, I]` in original ones (no `.weight` suffix, never
-//! quantized). Only the selected experts' rows are read (`ops::gather_matmul`).
+//! quantized). LFM2-MoE's originals keep one tensor per expert (`experts.{e}.{w1,w3,w2}.weight`),
+//! stacked here at load. Only the selected experts' rows are read (`ops::gather_matmul`).
 
 use anyhow::{ensure, Result};
 use kernels::{ops, Bytes, Tensor, Weight};
@@ -54,8 +55,9 @@ pub struct StackedExperts {
 
 impl StackedExperts {
     /// `switch` names MLX's stacked `{switch}.{gate,up,down}_proj.weight`, used when present;
-    /// else `fused` names the original `{fused}.gate_up_proj` and `{fused}.down_proj`. `gelu`
-    /// selects GeGLU experts (SwiGLU otherwise).
+    /// else `fused` names the original `{fused}.gate_up_proj` and `{fused}.down_proj`, or, when
+    /// there is no `gate_up_proj`, one tensor per expert `{fused}.{e}.{w1,w3,w2}.weight` (gate,
+    /// up, down; LFM2-MoE, Mixtral-style). `gelu` selects GeGLU experts (SwiGLU otherwise).
     pub fn load(
         store: &WeightStore,
         quant: &QuantConfig,
@@ -73,6 +75,14 @@ impl StackedExperts {
                 stacked("up_proj", i, h)?,
                 stacked("down_proj", h, i)?,
             )
+        } else if store.contains(&format!("{fused}.0.w1.weight")) {
+            let stack = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+                let names: Vec<String> = (0..e)
+                    .map(|x| format!("{fused}.{x}.{name}.weight"))
+                    .collect();
+                Ok(Weight::Dense(stack_experts(store, &names, rows, cols)?))
+            };
+            (stack("w1", i, h)?, stack("w3", i, h)?, stack("w2", h, i)?)
         } else {
             let both = store.tensor_shaped(&format!("{fused}.gate_up_proj"), &[e, 2 * i, h])?;
             let (gate, up) = split_halves(&both, e)?;
@@ -241,4 +251,33 @@ fn split_halves(fused: &Tensor, experts: usize) -> Result<(Tensor, Tensor)> {
         Tensor::from_bytes(&shape, fused.dtype(), Bytes::from_vec(gate))?,
         Tensor::from_bytes(&shape, fused.dtype(), Bytes::from_vec(up))?,
     ))
+}
+
+/// The per-expert tensors `names` (each `[rows, cols]`, one float dtype) stacked into
+/// `[E·rows, cols]`, as mlx-lm's `sanitize` stacks them. Copies the stored bytes.
+fn stack_experts(
+    store: &WeightStore,
+    names: &[String],
+    rows: usize,
+    cols: usize,
+) -> Result<Tensor> {
+    let first = store.tensor_shaped(&names[0], &[rows, cols])?;
+    let dtype = first.dtype();
+    let mut bytes = Vec::with_capacity(names.len() * first.raw_bytes()?.len());
+    for name in names {
+        let t = store.tensor_shaped(name, &[rows, cols])?;
+        ensure!(
+            t.dtype() == dtype,
+            "{}: tensor `{name}` is {:?} but `{}` is {dtype:?}; one expert stack needs one dtype",
+            store.dir().display(),
+            t.dtype(),
+            names[0]
+        );
+        bytes.extend_from_slice(t.raw_bytes()?);
+    }
+    Ok(Tensor::from_bytes(
+        &[names.len() * rows, cols],
+        dtype,
+        Bytes::from_vec(bytes),
+    )?)
 }

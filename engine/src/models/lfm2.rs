@@ -15,14 +15,22 @@
 //! - feed-forward `w2(silu(w1 x) ⊙ w3 x)` of width [`ff_width`];
 //! - RMSNorm is `x̂ · w` (no offset) in both layouts, eps `norm_eps`; the two layouts share every
 //!   name (`model.*`) and differ only in the conv weight's axis order.
+//!
+//! LFM2-MoE (`lfm2_moe`, LFM2-8B-A1B; mlx-lm `lfm2_moe.py`, transformers `modeling_lfm2_moe.py`)
+//! is the same backbone: the first `num_dense_layers` feed-forwards are dense SwiGLU of width
+//! `intermediate_size` (no auto-adjustment), the rest sparse (see [`SigmoidMoe`]). mlx-lm's
+//! conversion renames `w1/w3/w2` to `gate_proj/up_proj/down_proj` and stacks the per-expert
+//! originals into `switch_mlp.*`; both spellings load.
 
 use anyhow::{bail, ensure, Result};
 use kernels::{ops, ops::RopeLayout, Tensor, Weight};
 
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
-use crate::config::ModelConfig;
-use crate::layers::{AttentionConfig, GqaAttention, Linear, RmsNorm, Rope, ShortConv, SwiGlu};
+use crate::config::{ModelConfig, QuantConfig};
+use crate::layers::{
+    AttentionConfig, GqaAttention, Linear, RmsNorm, Rope, ShortConv, StackedExperts, SwiGlu,
+};
 use crate::weights::WeightStore;
 
 /// Token mixer of one block. One per layer, so the size difference costs nothing worth boxing.
@@ -33,12 +41,107 @@ enum Mixer {
     Attention(GqaAttention),
 }
 
+/// Feed-forward of one block: dense SwiGLU, or LFM2-MoE's sparse experts.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum FeedForward {
+    Dense(SwiGlu),
+    Sparse(SigmoidMoe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Sparse(m) => m.forward(x),
+        }
+    }
+}
+
+/// The sparse feed-forward of LFM2-MoE: router `gate` `[E, H]` (8-bit in quantized MLX
+/// folders), `sigmoid` scores; the top k by score plus `expert_bias` (f32, for the choice only)
+/// weighted by their unbiased scores, divided by their sum + 1e-6 when `norm_topk_prob`, times
+/// `routed_scaling_factor`; SwiGLU experts.
+#[derive(Debug, Clone)]
+struct SigmoidMoe {
+    router: Linear,
+    /// Empty without `use_expert_bias`.
+    expert_bias: Vec<f32>,
+    experts: StackedExperts,
+    top_k: usize,
+    renormalize: bool,
+    scale: f32,
+}
+
+/// LFM2-MoE's sparse widths and routing, from config.json.
+#[derive(Debug, Clone, Copy)]
+struct MoeShape {
+    experts: usize,
+    top_k: usize,
+    expert_width: usize,
+    dense_layers: usize,
+    dense_width: usize,
+    renormalize: bool,
+    expert_bias: bool,
+    scale: f32,
+}
+
+impl SigmoidMoe {
+    fn load(
+        store: &WeightStore,
+        quant: &QuantConfig,
+        p: &str,
+        hidden: usize,
+        m: &MoeShape,
+    ) -> Result<SigmoidMoe> {
+        let (e, i) = (m.experts, m.expert_width);
+        let expert_bias = if m.expert_bias {
+            let name = format!("{p}.expert_bias");
+            let b = store.tensor_shaped(&name, &[e])?.to_vec_f32()?;
+            ensure!(
+                b.iter().all(|v| v.is_finite()),
+                "{}: `{name}` holds a value that is not finite",
+                store.dir().display()
+            );
+            b
+        } else {
+            Vec::new()
+        };
+        Ok(SigmoidMoe {
+            router: Linear::load(store, quant, &format!("{p}.gate"), e, hidden)?,
+            expert_bias,
+            experts: StackedExperts::load(
+                store,
+                quant,
+                (&format!("{p}.switch_mlp"), &format!("{p}.experts")),
+                (e, hidden, i),
+                false,
+            )?,
+            top_k: m.top_k,
+            renormalize: m.renormalize,
+            scale: m.scale,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let routing = ops::Routing {
+            selection_bias: &self.expert_bias,
+            renormalize: self.renormalize,
+            renormalize_eps: 1e-6,
+            scale: self.scale,
+        };
+        let routes = ops::moe_route_sigmoid(&self.router.forward(x)?, self.top_k, routing)?;
+        let y = self.experts.forward(x, &routes)?;
+        Ok(ops::moe_combine(&y, &routes.weights, self.top_k, None)?)
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Block {
     operator_norm: RmsNorm,
     mixer: Mixer,
     ffn_norm: RmsNorm,
-    feed_forward: SwiGlu,
+    feed_forward: FeedForward,
 }
 
 impl Block {
@@ -60,7 +163,13 @@ impl Block {
             Mixer::Attention(a) => a.to_device(device)?,
         }
         self.ffn_norm.to_device(device)?;
-        self.feed_forward.to_device(device)
+        match &mut self.feed_forward {
+            FeedForward::Dense(m) => m.to_device(device),
+            FeedForward::Sparse(m) => {
+                m.router.to_device(device)?;
+                m.experts.to_device(device)
+            }
+        }
     }
 
     fn weights(&self) -> Vec<&Weight> {
@@ -68,18 +177,25 @@ impl Block {
             Mixer::Conv(c) => c.linears().to_vec(),
             Mixer::Attention(a) => vec![&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj],
         };
-        let ff = &self.feed_forward;
-        mixer
-            .into_iter()
-            .chain([&ff.gate, &ff.up, &ff.down])
-            .map(|l| &l.weight)
-            .collect()
+        let mut w: Vec<&Weight> = mixer.into_iter().map(|l| &l.weight).collect();
+        match &self.feed_forward {
+            FeedForward::Dense(ff) => w.extend([&ff.gate.weight, &ff.up.weight, &ff.down.weight]),
+            FeedForward::Sparse(m) => {
+                w.push(&m.router.weight);
+                w.extend(m.experts.weights());
+            }
+        }
+        w
     }
 
     /// Parameters outside the weight matrices.
     fn other_parameters(&self) -> usize {
         self.operator_norm.weight.numel()
             + self.ffn_norm.weight.numel()
+            + match &self.feed_forward {
+                FeedForward::Sparse(m) => m.expert_bias.len(),
+                FeedForward::Dense(_) => 0,
+            }
             + match &self.mixer {
                 Mixer::Conv(c) => c.other_parameters(),
                 Mixer::Attention(a) => [&a.q_norm, &a.k_norm]
@@ -106,6 +222,8 @@ struct Shape {
     attention: Vec<bool>,
     rope: Rope,
     tied: bool,
+    /// `lfm2_moe` only.
+    moe: Option<MoeShape>,
 }
 
 impl Shape {
@@ -155,8 +273,30 @@ impl Shape {
             attention: layer_kinds(cfg, layers)?,
             rope: rope(cfg, head_dim)?,
             tied,
+            moe: if cfg.model_type == "lfm2_moe" {
+                Some(moe_shape(cfg, layers)?)
+            } else {
+                None
+            },
         })
     }
+}
+
+/// LFM2-MoE's sparse part (transformers' `Lfm2MoeConfig` defaults where a key is absent).
+fn moe_shape(cfg: &ModelConfig, layers: usize) -> Result<MoeShape> {
+    let experts = cfg.width("num_experts")?;
+    Ok(MoeShape {
+        experts,
+        top_k: cfg.usize_in("num_experts_per_tok", 1..=experts)?,
+        expert_width: cfg.width("moe_intermediate_size")?,
+        dense_layers: cfg.usize_in_or("num_dense_layers", 2.min(layers), 0..=layers)?,
+        dense_width: cfg.width("intermediate_size")?,
+        renormalize: cfg.bool_or("norm_topk_prob", true)?,
+        expert_bias: cfg.bool_or("use_expert_bias", true)?,
+        scale: cfg.f64_where("routed_scaling_factor", 1.0, "a positive number", |x| {
+            x > 0.0 && x.is_finite()
+        })? as f32,
+    })
 }
 
 /// Which layers are attention: `layer_types` and `full_attn_idxs` (either; both must agree when
@@ -294,11 +434,16 @@ impl Lfm2 {
         let s = Shape::read(cfg)?;
         let quant = &cfg.quant;
         let lin = |name: &str, out, inp| Linear::load(store, quant, name, out, inp);
-        let w1 = "model.layers.0.feed_forward.w1.weight";
-        let inter = ff_width(
-            cfg,
-            store.info(w1).and_then(|(_, shape)| shape.first().copied()),
-        )?;
+        let inter = match &s.moe {
+            Some(m) => m.dense_width,
+            None => {
+                let w1 = "model.layers.0.feed_forward.w1.weight";
+                ff_width(
+                    cfg,
+                    store.info(w1).and_then(|(_, shape)| shape.first().copied()),
+                )?
+            }
+        };
         let embed = store.weight(
             "model.embed_tokens",
             quant.spec_for("model.embed_tokens"),
@@ -341,15 +486,27 @@ impl Lfm2 {
                 )?)
             };
             let ff = format!("{p}.feed_forward");
+            let feed_forward = match &s.moe {
+                Some(m) if i >= m.dense_layers => {
+                    FeedForward::Sparse(SigmoidMoe::load(store, quant, &ff, s.hidden, m)?)
+                }
+                // mlx-lm's LFM2-MoE conversion renames `w1/w3/w2`; LFM2's keeps them.
+                _ if !store.contains(&format!("{ff}.w1.weight"))
+                    && store.contains(&format!("{ff}.gate_proj.weight")) =>
+                {
+                    FeedForward::Dense(SwiGlu::load(store, quant, &ff, s.hidden, inter)?)
+                }
+                _ => FeedForward::Dense(SwiGlu {
+                    gate: lin(&format!("{ff}.w1"), inter, s.hidden)?,
+                    up: lin(&format!("{ff}.w3"), inter, s.hidden)?,
+                    down: lin(&format!("{ff}.w2"), s.hidden, inter)?,
+                }),
+            };
             blocks.push(Block {
                 operator_norm: norm("operator_norm.weight", s.hidden)?,
                 mixer,
                 ffn_norm: norm("ffn_norm.weight", s.hidden)?,
-                feed_forward: SwiGlu {
-                    gate: lin(&format!("{ff}.w1"), inter, s.hidden)?,
-                    up: lin(&format!("{ff}.w3"), inter, s.hidden)?,
-                    down: lin(&format!("{ff}.w2"), s.hidden, inter)?,
-                },
+                feed_forward,
             });
         }
         let embedding_norm = RmsNorm::load(store, "model.embedding_norm.weight", s.hidden, s.eps)?;
@@ -371,8 +528,20 @@ impl Lfm2 {
             all.push(&lm_head);
         }
         parameters += all[1..].iter().map(|w| w.numel()).sum::<usize>();
+        let moe = s.moe.map(|m| {
+            let experts: Vec<&Weight> = blocks
+                .iter()
+                .filter_map(|b| match &b.feed_forward {
+                    FeedForward::Sparse(x) => Some(x.experts.weights()),
+                    FeedForward::Dense(_) => None,
+                })
+                .flatten()
+                .collect();
+            let widths = (m.experts, m.top_k, m.expert_width, 0);
+            super::moe_info(widths, &experts, &all, parameters)
+        });
         let info = ModelInfo {
-            family: "lfm2".into(),
+            family: if moe.is_some() { "lfm2_moe" } else { "lfm2" }.into(),
             parameters,
             weight_formats: super::formats(all),
             layer_kinds: s
@@ -383,7 +552,7 @@ impl Lfm2 {
             context_length: s.context,
             vocab_size: s.vocab,
             hidden_size: s.hidden,
-            moe: None,
+            moe,
         };
         Ok(Lfm2 {
             info,

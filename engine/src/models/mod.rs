@@ -105,14 +105,15 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
         "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
         "llama" => Ok(Box::new(llama::Llama::load(cfg, store, llama::Variant::LLAMA)?)),
         "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
-        "lfm2" => Ok(Box::new(lfm2::Lfm2::load(cfg, store)?)),
+        // LFM2-MoE is the same backbone with sparse feed-forwards (one loader, see lfm2.rs).
+        "lfm2" | "lfm2_moe" => Ok(Box::new(lfm2::Lfm2::load(cfg, store)?)),
         "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         // The same hybrid with sparse MLPs (one loader, see qwen3_5.rs).
         t if qwen3_5::is_moe_type(t) => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, llama, minicpm, qwen3, qwen3_5, qwen3_5_moe)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, lfm2_moe, llama, minicpm, qwen3, qwen3_5, qwen3_5_moe)",
             dir.join("config.json").display()
         ),
     }

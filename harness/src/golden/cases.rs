@@ -42,6 +42,11 @@ pub const MATRIX: &[Row] = &[
         paths: &["default"],
     },
     Row {
+        family: "lfm2_moe",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
         family: "llama",
         formats: Format::ALL,
         paths: &["default"],

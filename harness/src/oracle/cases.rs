@@ -16,6 +16,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5",
     "qwen3_5_moe",
     "lfm2",
+    "lfm2_moe",
     "llama",
     "minicpm",
     "gemma4",

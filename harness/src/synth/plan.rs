@@ -59,6 +59,10 @@ pub struct TensorPlan {
     /// concatenated along dim 1 per index of dim 0 (an original checkpoint's fused
     /// `gate_up_proj` `[E, 2·I, H]`, drawn as the MLX layout's `gate_proj` and `up_proj`).
     pub fused_from: Option<[String; 2]>,
+    /// Values made of one tensor per index of dim 0, each drawn under its own name (an MLX
+    /// folder's stacked experts `[E, out, in]`, drawn as an original checkpoint's per-expert
+    /// tensors).
+    pub stacked_from: Option<Vec<String>>,
 }
 
 impl TensorPlan {
@@ -70,7 +74,16 @@ impl TensorPlan {
             store,
             seed_name: None,
             fused_from: None,
+            stacked_from: None,
         }
+    }
+
+    /// Draws the values as `names.len()` tensors stacked along dim 0 (see
+    /// [`TensorPlan::stacked_from`]).
+    pub fn stacked_from(mut self, names: Vec<String>) -> TensorPlan {
+        assert_eq!(names.len(), self.shape[0], "one name per index of dim 0");
+        self.stacked_from = Some(names);
+        self
     }
 
     /// Draws the values as two halves fused along dim 1 (see [`TensorPlan::fused_from`]).

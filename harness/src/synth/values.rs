@@ -37,6 +37,15 @@ pub fn generate(t: &TensorPlan, seed: u64) -> Vec<f32> {
             .flat_map(|(x, y)| x.iter().chain(y).copied())
             .collect();
     }
+    if let Some(names) = &t.stacked_from {
+        let mut one = t.clone();
+        one.stacked_from = None;
+        one.shape.remove(0);
+        return names
+            .iter()
+            .flat_map(|n| generate(&one.clone().seeded_as(n.as_str()), seed))
+            .collect();
+    }
     let base = tensor_seed(seed, t.value_name());
     let n = t.numel();
     let mut v = vec![0f32; n];
@@ -285,5 +294,14 @@ mod tests {
         let a = plan("x.weight", &[64], Store::Float);
         let b = plan("y.weight", &[64], Store::Float).seeded_as("x.weight");
         assert_eq!(generate(&a, 3), generate(&b, 3));
+    }
+
+    #[test]
+    fn stacked_values_are_the_parts_in_order() {
+        let part = |n: &str| plan(n, &[3, 64], Store::Matrix);
+        let names: Vec<String> = (0..4).map(|e| format!("experts.{e}.w1.weight")).collect();
+        let stacked = plan("switch.weight", &[4, 3, 64], Store::Matrix).stacked_from(names.clone());
+        let want: Vec<f32> = names.iter().flat_map(|n| generate(&part(n), 5)).collect();
+        assert_eq!(generate(&stacked, 5), want);
     }
 }

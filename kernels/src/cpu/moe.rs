@@ -6,19 +6,36 @@ use std::cmp::Ordering;
 
 use crate::{Result, Tensor};
 
-/// Per row of `probs` (`[T, E]`, softmax outputs): the `k` most probable experts, best first
-/// (ties to the lower index, NaN ranked last), and their probabilities, divided by their sum
-/// when `renormalize` (summed in f32 in that order, as mlx-lm's `scores.sum(-1)`).
-pub fn route(probs: &[f32], experts: usize, k: usize, renormalize: bool) -> (Vec<u32>, Vec<f32>) {
-    let rows = probs.len() / experts;
+/// How a router's per-expert scores become the top-k weights (see `ops::Routing`).
+#[derive(Debug, Clone, Copy)]
+pub struct Rule<'a> {
+    /// Added to the scores for the choice only; empty = none.
+    pub selection_bias: &'a [f32],
+    pub renormalize: bool,
+    /// Added to the sum before dividing by it.
+    pub renormalize_eps: f32,
+    /// Multiplies every final weight.
+    pub scale: f32,
+}
+
+/// Per row of `scores` (`[T, E]`, softmax or sigmoid outputs): the `k` experts with the highest
+/// score plus `rule.selection_bias` (ties to the lower index, NaN ranked last), best first, and
+/// their unbiased scores, divided by their sum (+ eps) when `rule.renormalize` (summed in f32 in
+/// that order, as mlx-lm's `scores.sum(-1)`), times `rule.scale`.
+pub fn route(scores: &[f32], experts: usize, k: usize, rule: Rule) -> (Vec<u32>, Vec<f32>) {
+    let rows = scores.len() / experts;
     let mut ids = Vec::with_capacity(rows * k);
     let mut weights = Vec::with_capacity(rows * k);
     let mut order: Vec<u32> = Vec::with_capacity(experts);
-    for row in probs.chunks(experts) {
+    let mut key = vec![0f32; experts];
+    for row in scores.chunks(experts) {
+        for (e, kv) in key.iter_mut().enumerate() {
+            *kv = row[e] + rule.selection_bias.get(e).copied().unwrap_or(0.0);
+        }
         order.clear();
         order.extend(0..experts as u32);
         let by = |a: &u32, b: &u32| {
-            let (x, y) = (row[*a as usize], row[*b as usize]);
+            let (x, y) = (key[*a as usize], key[*b as usize]);
             let by_value = match (x.is_nan(), y.is_nan()) {
                 (false, false) => y.partial_cmp(&x).unwrap_or(Ordering::Equal),
                 (nx, ny) => nx.cmp(&ny),
@@ -31,7 +48,12 @@ pub fn route(probs: &[f32], experts: usize, k: usize, renormalize: bool) -> (Vec
         for &e in chosen {
             ids.push(e);
             let p = row[e as usize];
-            weights.push(if renormalize { p / sum } else { p });
+            let w = if rule.renormalize {
+                p / (sum + rule.renormalize_eps)
+            } else {
+                p
+            };
+            weights.push(w * rule.scale);
         }
     }
     (ids, weights)

@@ -32,22 +32,86 @@ impl MoeRoutes {
     }
 }
 
+/// How router scores become the top-k weights.
+#[derive(Debug, Clone, Copy)]
+pub struct Routing<'a> {
+    /// Added to the scores to choose the experts, not to weigh them (LFM2-MoE's
+    /// `expert_bias`, load balancing); empty = none, else one per expert.
+    pub selection_bias: &'a [f32],
+    /// Divide the top-k scores by their sum (`norm_topk_prob`).
+    pub renormalize: bool,
+    /// Added to that sum first (LFM2-MoE: 1e-6).
+    pub renormalize_eps: f32,
+    /// Multiplies the final weights (`routed_scaling_factor`).
+    pub scale: f32,
+}
+
+impl Routing<'_> {
+    /// Plain top-k, renormalised or not: Qwen's softmax routers.
+    pub fn plain(renormalize: bool) -> Routing<'static> {
+        Routing {
+            selection_bias: &[],
+            renormalize,
+            renormalize_eps: 0.0,
+            scale: 1.0,
+        }
+    }
+}
+
 /// Routes each row of router logits `[T, E]`: `softmax` (f32, on the logits' device), then on
 /// the host the `top_k` most probable experts (ties to the lower index), their probabilities
 /// divided by their sum when `renormalize` (Qwen's `norm_topk_prob`).
 pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
-    need_f32("moe_route", "logits", logits)?;
-    if logits.dims() != 2 || top_k == 0 || top_k > logits.dim(1) {
+    route_scores(
+        "moe_route",
+        logits,
+        top_k,
+        Routing::plain(renormalize),
+        false,
+    )
+}
+
+/// Routes each row of router logits `[T, E]` by independent `sigmoid` scores (f32, on the
+/// logits' device), then on the host as `routing` says: the `top_k` experts by score plus
+/// selection bias, weighted by their unbiased scores (LFM2-MoE, DeepSeek-V3-style routers).
+pub fn moe_route_sigmoid(logits: &Tensor, top_k: usize, routing: Routing) -> Result<MoeRoutes> {
+    route_scores("moe_route_sigmoid", logits, top_k, routing, true)
+}
+
+fn route_scores(
+    op: &'static str,
+    logits: &Tensor,
+    top_k: usize,
+    routing: Routing,
+    sigmoid: bool,
+) -> Result<MoeRoutes> {
+    need_f32(op, "logits", logits)?;
+    let experts = if logits.dims() == 2 { logits.dim(1) } else { 0 };
+    let bias_ok = routing.selection_bias.is_empty() || routing.selection_bias.len() == experts;
+    if logits.dims() != 2 || top_k == 0 || top_k > experts || !bias_ok {
         return shape_err(
-            "moe_route",
+            op,
             format!(
-                "logits {:?} must be [T, E] with 1 <= top_k ({top_k}) <= E",
-                logits.shape()
+                "logits {:?} must be [T, E] with 1 <= top_k ({top_k}) <= E and a selection \
+                 bias of E values or none (got {})",
+                logits.shape(),
+                routing.selection_bias.len()
             ),
         );
     }
-    let probs = super::softmax(logits)?.to_device(crate::Device::Cpu)?;
-    let (experts, weights) = cpu::moe::route(probs.f32s()?, logits.dim(1), top_k, renormalize);
+    let scores = if sigmoid {
+        super::sigmoid(logits)?
+    } else {
+        super::softmax(logits)?
+    };
+    let scores = scores.to_device(crate::Device::Cpu)?;
+    let rule = cpu::moe::Rule {
+        selection_bias: routing.selection_bias,
+        renormalize: routing.renormalize,
+        renormalize_eps: routing.renormalize_eps,
+        scale: routing.scale,
+    };
+    let (experts, weights) = cpu::moe::route(scores.f32s()?, experts, top_k, rule);
     Ok(MoeRoutes {
         top_k,
         experts,

@@ -8,15 +8,36 @@
 //! - `mlx` (what `mlx_lm.convert` writes): the conv weight `[C, K, 1]` (mlx-lm's `sanitize`);
 //!   config.json lists them as `full_attn_idxs` (as folders converted from the first LFM2
 //!   releases do, whose configs mlx-lm copies), so the loader meets both forms.
+//!
+//! The same writer makes LFM2-MoE (`lfm2_moe`, `Lfm2MoeForCausalLM`): the first
+//! `num_dense_layers` feed-forwards dense (width `intermediate_size`, not adjusted), the rest a
+//! sigmoid router `feed_forward.gate` (8-bit in quantized folders, as mlx-lm's
+//! `quant_predicate` keeps it), an f32 `expert_bias` and SwiGLU experts: one tensor per expert
+//! (`experts.{e}.w1/w3/w2`) in `hf`, stacked `switch_mlp.{gate,up,down}_proj` `[E, out, in]`
+//! and the dense `w1/w3/w2` renamed `gate_proj/up_proj/down_proj` in `mlx` (mlx-lm's
+//! `sanitize`). Both layouts draw every value under the `hf` name, so they hold one model.
 
 use anyhow::Result;
 use serde_json::{json, Value};
 
 use crate::synth::plan::{Init, ModelPlan, Store, TensorPlan};
-use crate::synth::spec::{insert_quantization, Layout, Size, SynthSpec};
+use crate::synth::spec::{insert_8bit_overrides, insert_quantization, Layout, Size, SynthSpec};
 use crate::synth::tokenizer::TokenizerPlan;
 
-pub struct Lfm2;
+/// `moe: false` is LFM2, `true` LFM2-MoE.
+pub struct Lfm2 {
+    pub moe: bool,
+}
+
+/// LFM2-MoE's sparse feed-forwards.
+struct MoeDims {
+    /// Layers `0..dense_layers` keep a dense feed-forward of width `dense_width`.
+    dense_layers: usize,
+    dense_width: usize,
+    experts: usize,
+    top_k: usize,
+    expert_width: usize,
+}
 
 struct Dims {
     hidden: usize,
@@ -30,9 +51,13 @@ struct Dims {
     conv_kernel: usize,
     vocab: usize,
     max_positions: usize,
+    moe: Option<MoeDims>,
 }
 
-fn dims(size: Size) -> Dims {
+fn dims(size: Size, moe: bool) -> Dims {
+    if moe {
+        return moe_dims(size);
+    }
     match size {
         // Conv, attention, conv, attention: both mixers, each after the other kind.
         Size::Tiny => Dims {
@@ -46,6 +71,7 @@ fn dims(size: Size) -> Dims {
             conv_kernel: 3,
             vocab: 1024,
             max_positions: 4096,
+            moe: None,
         },
         // LFM2-350M (LiquidAI/LFM2-350M config.json): 16 layers, attention at 2, 5, 8, 10, 12,
         // 14; 16 query / 8 KV heads of 64; feed-forward 6656 → 4608; tied 65536-row embedding.
@@ -60,6 +86,47 @@ fn dims(size: Size) -> Dims {
             conv_kernel: 3,
             vocab: 65_536,
             max_positions: 128_000,
+            moe: None,
+        },
+    }
+}
+
+fn moe_dims(size: Size) -> Dims {
+    match size {
+        // The tiny LFM2 with a dense first layer, then 8 experts of width 64, 2 per token.
+        Size::Tiny => Dims {
+            moe: Some(MoeDims {
+                dense_layers: 1,
+                dense_width: 256,
+                experts: 8,
+                top_k: 2,
+                expert_width: 64,
+            }),
+            ..dims(Size::Tiny, false)
+        },
+        // LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B config.json): hidden 2048; 32 query / 8 KV heads of
+        // 64; dense feed-forward 7168 in the first 2 layers; 32 experts of width 1792, 4 per
+        // token, expert bias; tied 65536-row embedding. Its 24 layers (attention at 2, 6, 10,
+        // 14, 18, 21) are cut to the first 8 (attention at 2 and 6), so the q4 folder is about
+        // 1.4 GB.
+        Size::Bench => Dims {
+            hidden: 2048,
+            block_ff_dim: 7168,
+            multiple_of: 256,
+            layers: 8,
+            attention_layers: &[2, 6],
+            heads: 32,
+            kv_heads: 8,
+            conv_kernel: 3,
+            vocab: 65_536,
+            max_positions: 128_000,
+            moe: Some(MoeDims {
+                dense_layers: 2,
+                dense_width: 7168,
+                experts: 32,
+                top_k: 4,
+                expert_width: 1792,
+            }),
         },
     }
 }
@@ -88,6 +155,13 @@ const CONV_STD: f32 = 0.6;
 /// block's contribution is comparable to the embedding (see the Qwen3.5 family).
 const RESIDUAL_GAIN: f32 = 4.0;
 
+/// Router gain over 1/√hidden (see the Qwen3.5-MoE family): clear choices between experts.
+const ROUTER_GAIN: f32 = 2.0;
+
+/// Standard deviation of `expert_bias`: big enough to change some choices (the sigmoid scores
+/// are spread over (0, 1)), small enough to keep them clear of near-ties.
+const EXPERT_BIAS_STD: f32 = 0.05;
+
 /// `in_proj` gives three gates multiplied together (`C ⊙ conv(B ⊙ x)`); a gain on it keeps
 /// the product from shrinking to nothing.
 const IN_PROJ_GAIN: f32 = 2.0;
@@ -111,15 +185,23 @@ const TRANSFORMERS_VERSION: &str = "4.54.0";
 
 impl super::Family for Lfm2 {
     fn name(&self) -> &'static str {
-        "lfm2"
+        if self.moe {
+            "lfm2_moe"
+        } else {
+            "lfm2"
+        }
     }
 
     fn about(&self) -> &'static str {
-        "LFM2, short conv + GQA attention (tiny: 4 layers, hidden 128; bench: LFM2-350M widths)"
+        if self.moe {
+            "LFM2-MoE, LFM2 with sigmoid-routed sparse feed-forwards (tiny: 4 layers, 8 experts, top-2; bench: LFM2-8B-A1B widths, 8 layers)"
+        } else {
+            "LFM2, short conv + GQA attention (tiny: 4 layers, hidden 128; bench: LFM2-350M widths)"
+        }
     }
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
-        let d = dims(spec.size);
+        let d = dims(spec.size, self.moe);
         let tokenizer = TokenizerPlan {
             regular_tokens: d.vocab - SPECIALS.len(),
             specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
@@ -139,6 +221,12 @@ impl super::Family for Lfm2 {
         let (pad, bos, im_end) = (id("<|pad|>"), id("<|startoftext|>"), id("<|im_end|>"));
         let mut config = config(&d, spec, layout, [pad, bos, im_end]);
         insert_quantization(&mut config, spec.format);
+        if let Some(m) = &d.moe {
+            let routers: Vec<String> = (m.dense_layers..d.layers)
+                .map(|l| format!("model.layers.{l}.feed_forward.gate"))
+                .collect();
+            insert_8bit_overrides(&mut config, &routers);
+        }
         let generation_config = json!({
             "bos_token_id": bos,
             "eos_token_id": im_end,
@@ -196,6 +284,32 @@ fn config(d: &Dims, spec: &SynthSpec, layout: Layout, [pad, bos, eos]: [u32; 3])
         Layout::Mlx => ("full_attn_idxs", json!(d.attention_layers)),
     };
     config[kinds.0] = kinds.1;
+    if let Some(m) = &d.moe {
+        let obj = config.as_object_mut().expect("an object");
+        for key in [
+            "block_auto_adjust_ff_dim",
+            "block_dim",
+            "block_ff_dim",
+            "block_ffn_dim_multiplier",
+            "block_multiple_of",
+        ] {
+            obj.remove(key);
+        }
+        for (k, v) in [
+            ("architectures", json!(["Lfm2MoeForCausalLM"])),
+            ("model_type", json!("lfm2_moe")),
+            ("intermediate_size", json!(m.dense_width)),
+            ("moe_intermediate_size", json!(m.expert_width)),
+            ("num_dense_layers", json!(m.dense_layers)),
+            ("num_experts", json!(m.experts)),
+            ("num_experts_per_tok", json!(m.top_k)),
+            ("norm_topk_prob", json!(true)),
+            ("use_expert_bias", json!(true)),
+            ("routed_scaling_factor", json!(1.0)),
+        ] {
+            obj.insert(k.into(), v);
+        }
+    }
     config
 }
 
@@ -259,10 +373,80 @@ fn tensors(d: &Dims, layout: Layout) -> Vec<TensorPlan> {
         t.extend([
             norm(format!("{p}.operator_norm.weight"), h),
             norm(format!("{p}.ffn_norm.weight"), h),
-            linear(format!("{p}.feed_forward.w1.weight"), ff, h, 1.0),
-            linear(format!("{p}.feed_forward.w3.weight"), ff, h, 1.0),
-            linear(format!("{p}.feed_forward.w2.weight"), h, ff, RESIDUAL_GAIN),
         ]);
+        let f = format!("{p}.feed_forward");
+        match &d.moe {
+            None => t.extend([
+                linear(format!("{f}.w1.weight"), ff, h, 1.0),
+                linear(format!("{f}.w3.weight"), ff, h, 1.0),
+                linear(format!("{f}.w2.weight"), h, ff, RESIDUAL_GAIN),
+            ]),
+            Some(m) if l < m.dense_layers => {
+                let w = m.dense_width;
+                for (hf, mlx, out, inp, gain) in [
+                    ("w1", "gate_proj", w, h, 1.0),
+                    ("w3", "up_proj", w, h, 1.0),
+                    ("w2", "down_proj", h, w, RESIDUAL_GAIN),
+                ] {
+                    let plan = linear(format!("{f}.{hf}.weight"), out, inp, gain);
+                    t.push(match layout {
+                        Layout::Hf => plan,
+                        Layout::Mlx => TensorPlan {
+                            name: format!("{f}.{mlx}.weight"),
+                            ..plan.clone()
+                        }
+                        .seeded_as(plan.name),
+                    });
+                }
+            }
+            Some(m) => t.extend(sparse_ff(&f, h, m, layout)),
+        }
+    }
+    t
+}
+
+/// One LFM2-MoE sparse feed-forward at `f` (`model.layers.N.feed_forward`).
+fn sparse_ff(f: &str, h: usize, m: &MoeDims, layout: Layout) -> Vec<TensorPlan> {
+    let (e, i) = (m.experts, m.expert_width);
+    let std = |gain: f32, fan_in: usize| Init::normal(gain / (fan_in as f32).sqrt());
+    let mut t = vec![
+        TensorPlan::new(
+            format!("{f}.gate.weight"),
+            &[e, h],
+            std(ROUTER_GAIN, h),
+            Store::Matrix8,
+        ),
+        TensorPlan::new(
+            format!("{f}.expert_bias"),
+            &[e],
+            Init::normal(EXPERT_BIAS_STD),
+            Store::F32,
+        ),
+    ];
+    for (hf, mlx, out, inp, gain) in [
+        ("w1", "gate_proj", i, h, 1.0),
+        ("w3", "up_proj", i, h, 1.0),
+        ("w2", "down_proj", h, i, RESIDUAL_GAIN),
+    ] {
+        let per_expert: Vec<String> = (0..e)
+            .map(|x| format!("{f}.experts.{x}.{hf}.weight"))
+            .collect();
+        match layout {
+            Layout::Hf => t.extend(
+                per_expert
+                    .into_iter()
+                    .map(|n| TensorPlan::new(n, &[out, inp], std(gain, inp), Store::Matrix)),
+            ),
+            Layout::Mlx => t.push(
+                TensorPlan::new(
+                    format!("{f}.switch_mlp.{mlx}.weight"),
+                    &[e, out, inp],
+                    std(gain, inp),
+                    Store::Matrix,
+                )
+                .stacked_from(per_expert),
+            ),
+        }
     }
     t
 }
@@ -273,8 +457,8 @@ mod tests {
 
     #[test]
     fn bench_has_lfm2_350m_widths() {
-        let d = dims(Size::Bench);
+        let d = dims(Size::Bench, false);
         assert_eq!((d.ff_dim(), d.head_dim()), (4608, 64));
-        assert_eq!(dims(Size::Tiny).ff_dim(), 256);
+        assert_eq!(dims(Size::Tiny, false).ff_dim(), 256);
     }
 }
