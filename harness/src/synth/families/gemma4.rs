@@ -57,25 +57,11 @@ impl Dims {
     }
 }
 
-fn dims(size: Size, moe: bool) -> Result<Dims> {
+fn dims(size: Size, moe: bool) -> Dims {
     if moe {
-        anyhow::ensure!(
-            size == Size::Tiny,
-            "gemma4_moe has only the `tiny` size: the 26B-A4B widths were not at hand to copy \
-             (use gemma4 for a bench-sized Gemma 4)"
-        );
-        return Ok(Dims {
-            per_layer_width: 0,
-            kv_shared: 0,
-            moe: Some(MoeDims {
-                experts: 8,
-                top_k: 2,
-                width: 64,
-            }),
-            ..dims(size, false)?
-        });
+        return moe_dims(size);
     }
-    Ok(match size {
+    match size {
         Size::Tiny => Dims {
             hidden: 128,
             intermediate: 256,
@@ -116,7 +102,49 @@ fn dims(size: Size, moe: bool) -> Result<Dims> {
             max_positions: 131_072,
             moe: None,
         },
-    })
+    }
+}
+
+fn moe_dims(size: Size) -> Dims {
+    match size {
+        Size::Tiny => Dims {
+            per_layer_width: 0,
+            kv_shared: 0,
+            moe: Some(MoeDims {
+                experts: 8,
+                top_k: 2,
+                width: 64,
+            }),
+            ..dims(size, false)
+        },
+        // Gemma 4 26B-A4B's text widths (hidden 2816; 16 q heads × 256, 8 KV heads on sliding
+        // layers, 2 × 512 with K = V on full ones; window 1024; dense MLP 2112 beside 128 GeGLU
+        // experts of 704, 8 per token; no per-layer inputs or KV sharing), cut to its first
+        // 6 layers (one sliding/full period: 5 sliding, then full), 64 of the 128 experts and
+        // the vocabulary from 262144 to 32768, so the q4 folder is about 1.5 GB.
+        Size::Bench => Dims {
+            hidden: 2816,
+            intermediate: 2112,
+            layers: 6,
+            heads: 16,
+            kv_heads: 8,
+            head_dim: 256,
+            global_head_dim: 512,
+            global_kv_heads: 2,
+            k_eq_v: true,
+            vocab: 32_768,
+            per_layer_width: 0,
+            kv_shared: 0,
+            window: 1024,
+            pattern: 6,
+            max_positions: 262_144,
+            moe: Some(MoeDims {
+                experts: 64,
+                top_k: 8,
+                width: 704,
+            }),
+        },
+    }
 }
 
 const LOGIT_STD: f32 = 5.0;
@@ -152,14 +180,14 @@ impl super::Family for Gemma4 {
 
     fn about(&self) -> &'static str {
         if self.moe {
-            "Gemma 4 text, MoE variant (tiny only: 6 layers, 8 GeGLU experts top-2 beside each dense MLP)"
+            "Gemma 4 text, MoE variant (tiny: 6 layers, 8 GeGLU experts top-2 beside each dense MLP; bench: 26B-A4B widths, 6 layers, 64 experts, vocab 32768)"
         } else {
             "Gemma 4 text, dense (tiny: 6 layers with KV sharing, K=V, per-layer inputs; bench: E2B widths, vocab 32768)"
         }
     }
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
-        let d = dims(spec.size, self.moe)?;
+        let d = dims(spec.size, self.moe);
         let tokenizer = TokenizerPlan {
             regular_tokens: d.vocab - SPECIALS.len(),
             specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
@@ -475,5 +503,42 @@ fn experts(out: &mut Vec<TensorPlan>, p: &str, m: &MoeDims, h: usize, layout: La
                 .seeded_as(seed("down_proj")),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Family;
+    use super::*;
+    use crate::synth::Format;
+
+    /// The bench MoE config says 26B-A4B's widths (restated from its published config), cut
+    /// as the comment on [`moe_dims`] says.
+    #[test]
+    fn bench_moe_has_26b_a4b_widths() {
+        let spec = SynthSpec::new("gemma4_moe", Size::Bench, Format::Q4);
+        let plan = Gemma4 { moe: true }
+            .plan(&spec, spec.resolved_layout())
+            .unwrap();
+        let c = &plan.config["text_config"];
+        let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+        let widths = [
+            "hidden_size",
+            "intermediate_size",
+            "moe_intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "num_global_key_value_heads",
+            "head_dim",
+            "global_head_dim",
+            "top_k_experts",
+            "sliding_window",
+        ]
+        .map(get);
+        assert_eq!(widths, [2816, 2112, 704, 16, 8, 2, 256, 512, 8, 1024]);
+        assert_eq!((get("num_experts"), get("num_hidden_layers")), (64, 6));
+        assert_eq!(c["attention_k_eq_v"], json!(true));
+        let params: usize = plan.tensors.iter().map(|t| t.numel()).sum();
+        assert!((2_600_000_000..2_800_000_000).contains(&params), "{params}");
     }
 }
