@@ -128,9 +128,19 @@ impl RunArgs {
         } else {
             "default"
         };
+        // The quick job proves each stage runs end to end; every golden and oracle case runs in
+        // the test suite already (tests/golden.rs, tests/oracle_synth.rs), so here it checks
+        // one format of every family: the tiny q4 folders.
+        let checks = |words: &[&'static str]| {
+            let mut w = words.to_vec();
+            if self.quick {
+                w.extend(["--filter", ":tiny:q4:"]);
+            }
+            w
+        };
         let mut plan: Vec<(&str, Vec<&str>)> = vec![
-            ("golden check (CPU)", vec!["golden", "check"]),
-            ("oracle check vs mlx-lm", vec!["oracle", "check"]),
+            ("golden check (CPU)", checks(&["golden", "check"])),
+            ("oracle check vs mlx-lm", checks(&["oracle", "check"])),
             (
                 "parity gdn=perstep vs gdn=chunked (qwen3_5:tiny)",
                 vec![
@@ -172,11 +182,11 @@ impl RunArgs {
             plan.extend([
                 (
                     "golden check (MLX)",
-                    vec!["golden", "check", "--backend", "mlx"],
+                    checks(&["golden", "check", "--backend", "mlx"]),
                 ),
                 (
                     "oracle check vs mlx-lm on MLX",
-                    vec!["oracle", "check", "--backend", "mlx"],
+                    checks(&["oracle", "check", "--backend", "mlx"]),
                 ),
                 (
                     "parity backend=cpu vs backend=mlx (qwen3_5:tiny)",
