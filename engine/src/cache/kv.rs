@@ -85,6 +85,12 @@ impl KvCache {
                     let cap = need.max(2 * self.capacity()).max(64);
                     self.relocate(0, cap)?;
                 }
+                // Shorter than 2W: grow like a flat cache, so a short sequence holds a short
+                // buffer (not 2W slots from its first token).
+                Some(w) if need <= 2 * w => {
+                    let cap = need.max(2 * self.capacity()).max(64).min(2 * w);
+                    self.relocate(0, cap)?;
+                }
                 Some(w) => {
                     let keep = self.len.min(w - 1);
                     let cap = (keep + t).max(2 * w);
@@ -176,6 +182,29 @@ mod tests {
                 "the last W − 1 positions survive"
             );
         }
+    }
+
+    #[test]
+    fn a_short_sequence_holds_a_short_buffer() {
+        let w = 1024;
+        let mut c = KvCache::rotating(1, 1, w).unwrap();
+        c.append(&positions(0, 16), &positions(0, 16)).unwrap();
+        c.settle().unwrap();
+        assert_eq!(
+            c.capacity(),
+            64,
+            "grows from the flat minimum, not to 2W at once"
+        );
+        let mut pos = 16;
+        while pos < 3 * w {
+            let t = 100.min(3 * w - pos);
+            c.append(&positions(pos, t), &positions(pos, t)).unwrap();
+            pos += t;
+            c.settle().unwrap();
+            assert!(c.capacity() <= 2 * w);
+            assert_eq!(slots(&c).last(), Some(&((pos - 1) as f32)));
+        }
+        assert_eq!(c.capacity(), 2 * w, "past 2W it holds 2W");
     }
 
     #[test]
