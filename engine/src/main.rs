@@ -100,6 +100,21 @@ struct GenerateArgs {
     /// instead of rotating them; for comparisons, since it only costs memory.
     #[arg(long)]
     flat_kv: bool,
+    /// Speculative decoding: the checkpoint's own MTP head (Qwen3.5 original folders) drafts D
+    /// tokens (1-4) that the model verifies in one forward; greedy output is unchanged, only
+    /// faster when drafts are accepted. --json adds the acceptance figures under `mtp`.
+    #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=4))]
+    mtp: Option<u8>,
+    /// Testing and benchmarking: instead of the head's drafts, use the plain greedy output's
+    /// own tokens (`correct`), wrong ones (`wrong`), or the first K correct and the rest wrong
+    /// (`first=K`); runs plain decoding first to know them.
+    #[arg(
+        long,
+        value_name = "correct|wrong|first=K",
+        requires = "mtp",
+        hide = true
+    )]
+    mtp_force: Option<String>,
     /// Print one JSON object (prompt_ids, tokens, text, finish_reason, timings[, top_logprobs]).
     #[arg(long)]
     json: bool,
@@ -141,8 +156,32 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         gdn_path: Some(gdn_path),
         flat_kv: a.flat_kv,
+        mtp: None,
     };
-    let req = p.request(prompt_ids, &opts);
+    let mut req = p.request(prompt_ids, &opts);
+    if let Some(depth) = a.mtp {
+        let depth = depth as usize;
+        let forced = match a.mtp_force.as_deref() {
+            None => None,
+            Some(how) => {
+                let correct = match how {
+                    "correct" => depth,
+                    "wrong" => 0,
+                    _ => match how.strip_prefix("first=").map(str::parse::<usize>) {
+                        Some(Ok(k)) if k <= depth => k,
+                        _ => bail!("--mtp-force takes correct, wrong or first=K with K <= {depth}, got {how:?}"),
+                    },
+                };
+                // The plain greedy output is the reference the forced drafts copy.
+                let plain = generate::generate(p.model.as_ref(), &req, |_| {})?;
+                Some(generate::ForcedDrafts {
+                    reference: plain.tokens,
+                    correct,
+                })
+            }
+        };
+        req.mtp = Some(generate::MtpOptions { depth, forced });
+    }
     let mut streamed = String::new();
     let mut so_far = Vec::new();
     let out = generate::generate(p.model.as_ref(), &req, |tok| {
@@ -179,6 +218,18 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             out.decode_tokens_per_s,
             out.kv_cache_bytes as f64 / (1024.0 * 1024.0)
         );
+        if let Some(m) = &out.mtp {
+            eprintln!(
+                "[mtp {}: {} of {} drafts accepted ({:.0}%), {:.2} per round over {} rounds, {} replays]",
+                m.depth,
+                m.accepted,
+                m.drafted,
+                100.0 * m.acceptance_rate,
+                m.mean_accepted_length,
+                m.rounds,
+                m.replays
+            );
+        }
     }
     Ok(())
 }

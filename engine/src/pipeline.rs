@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::config::{GenerationConfig, ModelConfig};
-use crate::generate::{GenerateRequest, SamplingParams};
+use crate::generate::{GenerateRequest, MtpOptions, SamplingParams};
 use crate::layers::GdnPath;
 use crate::models::{self, CausalLm};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -35,6 +35,8 @@ pub struct RequestOptions {
     pub gdn_path: Option<GdnPath>,
     /// Sliding-window layers keep every position (masked) instead of a rotating cache.
     pub flat_kv: bool,
+    /// Speculative decoding with the checkpoint's own draft head.
+    pub mtp: Option<MtpOptions>,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -116,6 +118,7 @@ impl Pipeline {
                 GdnPath::Auto
             }),
             flat_kv: o.flat_kv,
+            mtp: o.mtp.clone(),
         }
     }
 }

@@ -52,6 +52,7 @@ mod on_mlx {
             prefill_step: step,
             gdn_path: GdnPath::Auto,
             flat_kv: false,
+            mtp: None,
         };
         generate::generate(m, &req, |_| {}).unwrap().tokens
     }

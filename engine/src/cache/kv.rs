@@ -104,6 +104,20 @@ impl KvCache {
         Ok(())
     }
 
+    /// Forgets the positions from `pos` on (a rollback). The slots stay allocated and are
+    /// overwritten by the next append; positions a rotating cache already dropped cannot come
+    /// back, so `pos` must not be before [`KvCache::start`].
+    pub fn truncate(&mut self, pos: usize) -> Result<()> {
+        ensure!(
+            pos >= self.start && pos <= self.pos(),
+            "cannot roll a KV cache holding positions {}..{} back to {pos}",
+            self.start,
+            self.pos()
+        );
+        self.len = pos - self.start;
+        Ok(())
+    }
+
     /// Called when a forward is done: a rotating cache that a long prefill left above `2·W`
     /// slots shrinks back to the last `W − 1` positions. Not inside a layer's forward, because
     /// KV-shared layers later in the same forward still read the whole chunk.

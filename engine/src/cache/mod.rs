@@ -110,6 +110,41 @@ impl ModelState {
         Ok(())
     }
 
+    /// A point to roll back to (speculative decoding): KV caches remember their position only,
+    /// since rolling back trims them; recurrent and conv states, which cannot be trimmed, are
+    /// cloned (copy-on-write, so the clone costs one copy at the next write).
+    pub fn mark(&self) -> StateMark {
+        StateMark {
+            pos: self.pos,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerState::Kv(c) => LayerMark::Kv(c.pos()),
+                    other => LayerMark::Saved(other.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Returns to `mark`, taken from this state: KV caches drop the positions after it,
+    /// recurrent and conv states become the saved ones.
+    pub fn rollback(&mut self, mark: &StateMark) -> Result<()> {
+        ensure!(
+            mark.layers.len() == self.layers.len() && mark.pos <= self.pos,
+            "a state mark from another state (or from its future)"
+        );
+        for (l, m) in self.layers.iter_mut().zip(&mark.layers) {
+            match (l, m) {
+                (LayerState::Kv(c), LayerMark::Kv(pos)) => c.truncate(*pos)?,
+                (l, LayerMark::Saved(saved)) if l.kind() == saved.kind() => *l = saved.clone(),
+                (l, _) => bail!("a state mark from another state: layer holds {}", l.kind()),
+            }
+        }
+        self.pos = mark.pos;
+        Ok(())
+    }
+
     /// Bytes held by the KV caches (recurrent and conv states not counted).
     pub fn kv_bytes(&self) -> usize {
         self.layers
@@ -120,4 +155,19 @@ impl ModelState {
             })
             .sum()
     }
+}
+
+/// Where a [`ModelState`] stood (see [`ModelState::mark`]).
+#[derive(Debug, Clone)]
+pub struct StateMark {
+    pos: usize,
+    layers: Vec<LayerMark>,
+}
+
+#[derive(Debug, Clone)]
+enum LayerMark {
+    /// A KV cache's position.
+    Kv(usize),
+    /// A state that cannot be trimmed, as it was.
+    Saved(LayerState),
 }

@@ -3,6 +3,7 @@
 
 pub mod rng;
 pub mod sampler;
+pub mod speculative;
 
 use std::time::Instant;
 
@@ -12,6 +13,7 @@ use kernels::ops;
 use crate::layers::GdnPath;
 use crate::models::CausalLm;
 pub use sampler::{Sampler, SamplingParams};
+pub use speculative::{ForcedDrafts, MtpOptions, MtpStats};
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -29,6 +31,8 @@ pub struct GenerateRequest {
     /// Sliding-window layers keep every position (masked) instead of rotating their cache:
     /// the reference that the rotating cache must match bit for bit.
     pub flat_kv: bool,
+    /// Speculative decoding with the model's own draft head (greedy only).
+    pub mtp: Option<MtpOptions>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -53,6 +57,9 @@ pub struct GenerateOutput {
     pub kv_cache_bytes: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// What speculative decoding did, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
 }
 
 /// Checks a request against the model's vocabulary and context before any work is done.
@@ -81,6 +88,20 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
     }
     if req.prefill_step == Some(0) {
         bail!("prefill step must be at least 1 token");
+    }
+    if let Some(m) = &req.mtp {
+        if model.drafter().is_none() {
+            bail!(
+                "--mtp needs a checkpoint with its own draft head (Qwen3.5's `mtp.*` tensors, kept in original folders; mlx-lm conversions drop them); this {} model has none",
+                info.family
+            );
+        }
+        if !(1..=4).contains(&m.depth) {
+            bail!("--mtp takes a draft depth of 1 to 4, got {}", m.depth);
+        }
+        if req.sampling.temperature != 0.0 {
+            bail!("--mtp runs greedy decoding only for now (pass --temperature 0; this request samples at T = {}): speculative sampling at T > 0 is not built yet", req.sampling.temperature);
+        }
     }
     req.sampling.validate()
 }
@@ -120,6 +141,54 @@ pub fn generate(
 
     let start = Instant::now();
     let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
+    if let (Some(opts), Some(drafter)) = (&req.mtp, model.drafter()) {
+        let setup = speculative::Setup {
+            budget,
+            stop_ids: &req.stop_ids,
+            keep_rows: req.top_logprobs > 0,
+            prefill_step: step,
+            vocab: model.info().vocab_size,
+            start,
+        };
+        let d = speculative::decode(
+            drafter,
+            &mut state,
+            &req.prompt_ids,
+            opts,
+            setup,
+            &mut on_token,
+        )?;
+        let top = match req.top_logprobs {
+            0 => None,
+            k => Some(
+                d.rows
+                    .iter()
+                    .map(|row| top_logprobs(model, row, k))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        let decode_secs = start.elapsed().as_secs_f64() - d.ttft;
+        let steps = d.tokens.len().saturating_sub(1) as f64;
+        return Ok(GenerateOutput {
+            prompt_ids: req.prompt_ids.clone(),
+            finish_reason: if d.stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            },
+            ttft_ms: d.ttft * 1e3,
+            prefill_tokens_per_s: req.prompt_ids.len() as f64 / d.ttft.max(1e-12),
+            decode_tokens_per_s: if steps > 0.0 {
+                steps / decode_secs.max(1e-12)
+            } else {
+                0.0
+            },
+            kv_cache_bytes: state.kv_bytes(),
+            top_logprobs: top,
+            tokens: d.tokens,
+            mtp: Some(d.stats),
+        });
+    }
     let mut logits = None;
     for piece in req.prompt_ids.chunks(step) {
         logits = Some(model.forward(piece, &mut state, false)?);
@@ -130,11 +199,7 @@ pub fn generate(
 
     while tokens.len() < budget {
         if let Some(top) = top.as_mut() {
-            // On the model's device: on MLX that is mlx-lm's own `logits − logsumexp`, so the
-            // reported log-probs compare with mlx-lm's bit for bit where the forward does.
-            let lp = ops::log_softmax(&logits.to_device(model.device())?)?;
-            let v = lp.dim(-1);
-            top.push(ops::top_k(&lp.reshape(&[v])?, req.top_logprobs)?);
+            top.push(top_logprobs(model, &logits, req.top_logprobs)?);
         }
         check_finite(&logits, state.pos)?;
         let next = sampler.sample(&logits)?;
@@ -168,5 +233,19 @@ pub fn generate(
         },
         kv_cache_bytes: state.kv_bytes(),
         top_logprobs: top,
+        mtp: None,
     })
+}
+
+/// The best `k` `(token, log-prob)` pairs of one logits row `[1, V]`. On the model's device:
+/// on MLX that is mlx-lm's own `logits − logsumexp`, so the reported log-probs compare with
+/// mlx-lm's bit for bit where the forward does.
+fn top_logprobs(
+    model: &dyn CausalLm,
+    logits: &kernels::Tensor,
+    k: usize,
+) -> Result<Vec<(u32, f32)>> {
+    let lp = ops::log_softmax(&logits.to_device(model.device())?)?;
+    let v = lp.dim(-1);
+    Ok(ops::top_k(&lp.reshape(&[v])?, k)?)
 }

@@ -89,6 +89,38 @@ pub trait CausalLm: Send + Sync {
     /// Runs `ids` at positions `state.pos..`, updates the state and returns logits: `[1, V]`
     /// for the last position, or `[T, V]` for every position when `all_logits`.
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor>;
+
+    /// The model's own draft head for speculative decoding, when its checkpoint has one.
+    fn drafter(&self) -> Option<&dyn SelfDrafter> {
+        None
+    }
+}
+
+/// A model that drafts its own next tokens (Qwen3.5's multi-token-prediction head): the head
+/// reads the main model's hidden state at position `t` with the token at `t + 1` and predicts
+/// the token at `t + 2`; chained on its own output it drafts further.
+pub trait SelfDrafter {
+    /// [`CausalLm::forward`] that also returns the hidden state of every position after the
+    /// final norm, `[T, H]` on the model's device.
+    fn forward_hidden(
+        &self,
+        ids: &[u32],
+        state: &mut ModelState,
+        all_logits: bool,
+    ) -> Result<(Tensor, Tensor)>;
+
+    /// A fresh state for the draft head (its own KV caches).
+    fn new_draft_state(&self) -> ModelState;
+
+    /// Runs the head on `ids[i]` paired with row `i` of `hidden` (a hidden state from
+    /// [`SelfDrafter::forward_hidden`] or from this head), at draft positions `state.pos..`.
+    /// Returns the logits of every row `[T, V]` on the host and the head's own hidden states.
+    fn draft(
+        &self,
+        ids: &[u32],
+        hidden: &Tensor,
+        state: &mut ModelState,
+    ) -> Result<(Tensor, Tensor)>;
 }
 
 /// Loads the family named by the folder's config.json.

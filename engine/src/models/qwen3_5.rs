@@ -20,7 +20,7 @@ use anyhow::{bail, ensure, Result};
 use kernels::{ops, ops::RopeLayout, Tensor, Weight};
 use serde_json::Value;
 
-use super::{CausalLm, ModelInfo, MoeInfo};
+use super::{CausalLm, ModelInfo, MoeInfo, SelfDrafter};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::ModelConfig;
 use crate::layers::{
@@ -695,6 +695,18 @@ impl CausalLm for Qwen3_5 {
     }
 
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
+        let x = self.decode_layers(ids, state)?;
+        super::lm_logits(&x, &self.norm, &self.lm_head, all_logits)
+    }
+
+    fn drafter(&self) -> Option<&dyn SelfDrafter> {
+        self.mtp.as_ref().map(|_| self as &dyn SelfDrafter)
+    }
+}
+
+impl Qwen3_5 {
+    /// The decoder stack over `ids`: the residual stream `[T, H]` before the final norm.
+    fn decode_layers(&self, ids: &[u32], state: &mut ModelState) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
         ensure!(
             state.layers.len() == self.layers.len(),
@@ -708,6 +720,91 @@ impl CausalLm for Qwen3_5 {
             x = layer.forward(&x, ls, path)?;
         }
         state.pos += ids.len();
-        super::lm_logits(&x, &self.norm, &self.lm_head, all_logits)
+        Ok(x)
     }
+}
+
+/// The MTP head drafts as vLLM's Qwen3.5 MTP predictor does: `fc([norm_e(embed(token)) |
+/// norm_h(hidden)])`, its full-attention layers at the draft positions, `norm`, the shared LM
+/// head; `hidden` is the main model's state after its final norm (what vLLM's model returns).
+impl SelfDrafter for Qwen3_5 {
+    fn forward_hidden(
+        &self,
+        ids: &[u32],
+        state: &mut ModelState,
+        all_logits: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = self.decode_layers(ids, state)?;
+        let h = self.norm.forward(&x)?;
+        let rows = if all_logits {
+            h.clone()
+        } else {
+            h.narrow0(h.dim(0) - 1, 1)?
+        };
+        let logits = ops::matmul(&rows, &self.lm_head)?.to_device(kernels::Device::Cpu)?;
+        Ok((logits, h))
+    }
+
+    fn new_draft_state(&self) -> ModelState {
+        let layers = self.mtp.as_ref().map_or(0, |m| m.layers.len());
+        ModelState::new(
+            (0..layers)
+                .map(|_| LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)))
+                .collect(),
+        )
+    }
+
+    fn draft(
+        &self,
+        ids: &[u32],
+        hidden: &Tensor,
+        state: &mut ModelState,
+    ) -> Result<(Tensor, Tensor)> {
+        let Some(m) = &self.mtp else {
+            bail!("this checkpoint has no MTP head (mtp.*) to draft with");
+        };
+        ensure!(
+            !ids.is_empty() && hidden.dims() == 2 && hidden.dim(0) == ids.len(),
+            "the MTP head needs one hidden row per token: {} tokens, hidden {:?}",
+            ids.len(),
+            hidden.shape()
+        );
+        ensure!(
+            state.layers.len() == m.layers.len(),
+            "the draft state has {} layers but the MTP head {}",
+            state.layers.len(),
+            m.layers.len()
+        );
+        let e = m
+            .pre_fc_norm_embedding
+            .forward(&ops::embedding(&self.embed, ids)?)?;
+        let h = m.pre_fc_norm_hidden.forward(hidden)?;
+        let mut x = m.fc.forward(&concat_columns(&e, &h)?)?;
+        let path = state.gdn_path;
+        for (layer, ls) in m.layers.iter().zip(state.layers.iter_mut()) {
+            x = layer.forward(&x, ls, path)?;
+        }
+        state.pos += ids.len();
+        let out = m.norm.forward(&x)?;
+        let logits = ops::matmul(&out, &self.lm_head)?.to_device(kernels::Device::Cpu)?;
+        Ok((logits, out))
+    }
+}
+
+/// `[a | b]` for `[T, A]` and `[T, B]`, on `a`'s device. Done on the host: the MTP head runs
+/// it on a few rows per draft, and no backend has a concat op yet.
+fn concat_columns(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let device = a.device();
+    let (ha, hb) = (
+        a.to_device(kernels::Device::Cpu)?.to_f32()?,
+        b.to_device(kernels::Device::Cpu)?.to_f32()?,
+    );
+    let (t, ca, cb) = (ha.dim(0), ha.dim(1), hb.dim(1));
+    let (va, vb) = (ha.f32s()?, hb.f32s()?);
+    let mut out = Vec::with_capacity(t * (ca + cb));
+    for r in 0..t {
+        out.extend_from_slice(&va[r * ca..(r + 1) * ca]);
+        out.extend_from_slice(&vb[r * cb..(r + 1) * cb]);
+    }
+    Ok(Tensor::from_f32(&[t, ca + cb], out)?.to_device(device)?)
 }
