@@ -247,17 +247,42 @@ fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
 
 #[test]
 fn every_format_matches_the_f64_reference() {
-    // Decode shapes (m ≤ 4) and prefill shapes, odd n, and n crossing a 128-row tile.
+    // Decode shapes (m ≤ 5) and prefill shapes, odd n, and n crossing a 128-row tile.
     let shapes = [
         (1, 7, 128),
         (3, 33, 256),
         (4, 1, 128),
         (5, 130, 128),
+        (6, 130, 128),
         (17, 9, 256),
     ];
     for (fi, f) in all_formats().into_iter().enumerate() {
         for (si, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(f, m, n, k, (fi * 31 + si) as u64);
+        }
+    }
+}
+
+/// Speculative verification runs up to 5 rows where plain decoding runs one: in the decode
+/// kernel each row's result must not depend on the rows beside it, bit for bit.
+#[test]
+fn decode_rows_do_not_depend_on_their_neighbours() {
+    for (fi, f) in all_formats().into_iter().enumerate() {
+        let (n, k) = (130, 256);
+        let w = random_weight(f, n, k, 70 + fi as u64);
+        let xs = random_x(5, k, 80 + fi as u64);
+        for m in 1..=5 {
+            let x = Tensor::from_f32(&[m, k], xs[..m * k].to_vec()).unwrap();
+            let together = ops::matmul(&x, &w).unwrap();
+            for i in 0..m {
+                let row = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
+                let alone = ops::matmul(&row, &w).unwrap();
+                assert_eq!(
+                    &together.f32s().unwrap()[i * n..(i + 1) * n],
+                    alone.f32s().unwrap(),
+                    "format {fi}: row {i} of {m} differs from the row alone"
+                );
+            }
         }
     }
 }

@@ -112,7 +112,12 @@ pub(super) fn decode(
         let next = &prompt[at + 1..end.min(prompt.len() - 1) + 1];
         let known = next.len().min(piece.len());
         if known > 0 {
-            drafter.draft(&next[..known], &h.narrow0(0, known)?, &mut draft_state)?;
+            drafter.draft(
+                &next[..known],
+                &h.narrow0(0, known)?,
+                &mut draft_state,
+                false,
+            )?;
         }
         last_hidden = Some(h.narrow0(h.dim(0) - 1, 1)?);
         logits = Some(l);
@@ -128,7 +133,8 @@ pub(super) fn decode(
         return Ok(finish(out));
     }
     // The head's pair for the prompt's last position drafts the token after `x`.
-    let (mut pending, mut pending_hidden) = drafter.draft(&[x], &hidden, &mut draft_state)?;
+    let (pending, mut pending_hidden) = drafter.draft(&[x], &hidden, &mut draft_state, true)?;
+    let mut pending = pending.expect("asked for logits");
 
     while out.tokens.len() < setup.budget {
         let left = setup.budget - out.tokens.len();
@@ -176,8 +182,9 @@ pub(super) fn decode(
         // hidden at t) for t = pos(x) ..= pos(x) + kept.
         let mut next = drafts[..kept].to_vec();
         next.push(correction);
-        let (l, h) = drafter.draft(&next, &hidden.narrow0(0, kept + 1)?, &mut draft_state)?;
-        pending = l.narrow0(kept, 1)?;
+        let rows = hidden.narrow0(0, kept + 1)?;
+        let (l, h) = drafter.draft(&next, &rows, &mut draft_state, true)?;
+        pending = l.expect("asked for logits");
         pending_hidden = h.narrow0(kept, 1)?;
         x = correction;
     }
@@ -198,8 +205,8 @@ fn draft_round(
     let mut h = pending_hidden.clone();
     while drafts.len() < depth {
         let last = *drafts.last().expect("one draft at least");
-        let (l, next_h) = drafter.draft(&[last], &h, state)?;
-        drafts.push(ops::argmax(&l)?[0]);
+        let (l, next_h) = drafter.draft(&[last], &h, state, true)?;
+        drafts.push(ops::argmax(&l.expect("asked for logits"))?[0]);
         h = next_h;
     }
     state.rollback(&mark)?;

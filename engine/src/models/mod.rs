@@ -114,13 +114,15 @@ pub trait SelfDrafter {
 
     /// Runs the head on `ids[i]` paired with row `i` of `hidden` (a hidden state from
     /// [`SelfDrafter::forward_hidden`] or from this head), at draft positions `state.pos..`.
-    /// Returns the logits of every row `[T, V]` on the host and the head's own hidden states.
+    /// Returns the last row's logits `[1, V]` on the host when `logits` (the LM head is the
+    /// costly part, and only the last row drafts) and the head's own hidden states `[T, H]`.
     fn draft(
         &self,
         ids: &[u32],
         hidden: &Tensor,
         state: &mut ModelState,
-    ) -> Result<(Tensor, Tensor)>;
+        logits: bool,
+    ) -> Result<(Option<Tensor>, Tensor)>;
 }
 
 /// Loads the family named by the folder's config.json.

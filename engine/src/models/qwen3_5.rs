@@ -759,7 +759,8 @@ impl SelfDrafter for Qwen3_5 {
         ids: &[u32],
         hidden: &Tensor,
         state: &mut ModelState,
-    ) -> Result<(Tensor, Tensor)> {
+        logits: bool,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let Some(m) = &self.mtp else {
             bail!("this checkpoint has no MTP head (mtp.*) to draft with");
         };
@@ -786,7 +787,12 @@ impl SelfDrafter for Qwen3_5 {
         }
         state.pos += ids.len();
         let out = m.norm.forward(&x)?;
-        let logits = ops::matmul(&out, &self.lm_head)?.to_device(kernels::Device::Cpu)?;
+        let logits = if logits {
+            let last = out.narrow0(out.dim(0) - 1, 1)?;
+            Some(ops::matmul(&last, &self.lm_head)?.to_device(kernels::Device::Cpu)?)
+        } else {
+            None
+        };
         Ok((logits, out))
     }
 }

@@ -13,7 +13,7 @@
 //!   the widened values altogether.
 //!
 //! The two kernels round differently, so a row's result may differ in the last bits between a
-//! call with M ≤ 4 and one with more rows; each is deterministic on its own.
+//! call with M ≤ [`DECODE_MAX_M`] and one with more rows; each is deterministic on its own.
 
 use std::cell::RefCell;
 
@@ -24,8 +24,10 @@ use super::dequant::WeightRows;
 use crate::error::shape_err;
 use crate::{Result, Tensor, Weight};
 
-/// Inputs with at most this many rows take the fused decode kernel.
-pub const DECODE_MAX_M: usize = 4;
+/// Inputs with at most this many rows take the fused decode kernel: one decode token, or the
+/// up to 5 rows an MTP verification runs (4 drafts after the last token), so speculative
+/// decoding rounds like plain decoding and costs about one weight read per round.
+pub const DECODE_MAX_M: usize = 5;
 /// Weight rows per prefill tile: large enough that the per-tile `gemm` call amortises packing
 /// the input, small enough that a widened tile stays in L2 for typical K.
 pub const TILE_N: usize = 128;
@@ -173,7 +175,7 @@ fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
         let (n, k) = (w.rows(), w.cols());
         let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
         return for_each_row_chunk(w, |r0, r1| {
-            let mut row = [0.0f32; 4];
+            let mut row = [0.0f32; DECODE_MAX_M];
             for r in r0..r1 {
                 // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums, and
                 // r < n.

@@ -9,6 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::dequant::Affine4;
+use super::matmul::DECODE_MAX_M;
 
 /// Σx over each group of each input row: `[m, k / group]`, summed left to right.
 pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
@@ -18,7 +19,7 @@ pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `out[i] = x_i · w_r` for input rows `i < m ≤ 4` and weight row `r`.
+/// `out[i] = x_i · w_r` for input rows `i < m ≤ DECODE_MAX_M` and weight row `r`.
 ///
 /// # Safety
 /// The CPU has AVX2; `xs` holds `m` rows of `k`, `xsum` is `group_sums` of them, and `r` is a
@@ -32,7 +33,7 @@ pub unsafe fn row_dot(
     xs: &[f32],
     m: usize,
     xsum: &[f32],
-    out: &mut [f32; 4],
+    out: &mut [f32; DECODE_MAX_M],
 ) {
     // A const row count keeps every accumulator in a register (indexing them by a run-time
     // count spills them to the stack and serialises the adds through memory).
@@ -42,7 +43,8 @@ pub unsafe fn row_dot(
             1 => row_dot_m::<1>(w, r, k, xs, xsum, out),
             2 => row_dot_m::<2>(w, r, k, xs, xsum, out),
             3 => row_dot_m::<3>(w, r, k, xs, xsum, out),
-            _ => row_dot_m::<4>(w, r, k, xs, xsum, out),
+            4 => row_dot_m::<4>(w, r, k, xs, xsum, out),
+            _ => row_dot_m::<5>(w, r, k, xs, xsum, out),
         }
     }
 }
@@ -55,7 +57,7 @@ unsafe fn row_dot_m<const M: usize>(
     k: usize,
     xs: &[f32],
     xsum: &[f32],
-    out: &mut [f32; 4],
+    out: &mut [f32; DECODE_MAX_M],
 ) {
     let group = w.group;
     let groups = k / group;
