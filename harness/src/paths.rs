@@ -11,11 +11,12 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use engine::cache::ModelState;
+use engine::generate::MtpOptions;
 use engine::layers::GdnPath;
 use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat, mtp=1|2|3|4 (combine keys with `+`)";
 
 /// One execution path. Unset keys take the engine's built-in default (never the environment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub struct PathSpec {
     pub gdn: Option<GdnPath>,
     /// KV caches of sliding-window layers: rotating (the default) or flat (every position).
     pub kv: Option<KvLayout>,
+    /// Speculative decoding with the checkpoint's MTP head, drafting this many tokens a round
+    /// (greedy requests only; plain decoding when unset).
+    pub mtp: Option<u8>,
 }
 
 /// How sliding-window layers keep their keys and values.
@@ -81,6 +85,15 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     _ => bail!("unknown value `{value}` for path key `kv` in `{s}`; expected one of: rotating, flat"),
                 });
             }
+            "mtp" => {
+                if spec.mtp.is_some() {
+                    bail!("path `{s}` sets `mtp` twice");
+                }
+                spec.mtp = Some(match value.trim().parse::<u8>() {
+                    Ok(d) if (1..=4).contains(&d) => d,
+                    _ => bail!("unknown value `{value}` for path key `mtp` in `{s}`; expected a draft depth of 1 to 4"),
+                });
+            }
             "backend" => {
                 if spec.backend.is_some() {
                     bail!("path `{s}` sets `backend` twice");
@@ -123,6 +136,10 @@ impl PathSpec {
     pub fn apply(&self, opts: &mut RequestOptions) {
         opts.gdn_path = Some(self.gdn_path());
         opts.flat_kv = self.kv == Some(KvLayout::Flat);
+        opts.mtp = self.mtp.map(|depth| MtpOptions {
+            depth: depth as usize,
+            forced: None,
+        });
     }
 
     /// The same for a fresh state driven through `CausalLm::forward` directly.
@@ -149,6 +166,9 @@ impl fmt::Display for PathSpec {
         }
         if let Some(k) = self.kv {
             keys.push(format!("kv={k}"));
+        }
+        if let Some(d) = self.mtp {
+            keys.push(format!("mtp={d}"));
         }
         if keys.is_empty() {
             write!(f, "default")
@@ -181,6 +201,8 @@ mod tests {
             "backend=cpu+gdn=chunked",
             "kv=flat",
             "backend=mlx+gdn=perstep+kv=rotating",
+            "mtp=2",
+            "gdn=perstep+mtp=4",
         ] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }
@@ -199,11 +221,15 @@ mod tests {
 
     #[test]
     fn rejects_unknown_keys_and_values_with_the_valid_ones() {
-        let e = parse_path("mtp=on").unwrap_err().to_string();
+        let e = parse_path("paged=on").unwrap_err().to_string();
         assert!(
-            e.contains("unknown path key `mtp`") && e.contains("gdn=auto|perstep|chunked"),
+            e.contains("unknown path key `paged`") && e.contains("gdn=auto|perstep|chunked"),
             "{e}"
         );
+        for bad in ["mtp=on", "mtp=0", "mtp=5"] {
+            let e = parse_path(bad).unwrap_err().to_string();
+            assert!(e.contains("draft depth of 1 to 4"), "{e}");
+        }
         let e = parse_path("kv=paged").unwrap_err().to_string();
         assert!(e.contains("`paged`") && e.contains("rotating, flat"), "{e}");
         let e = parse_path("gdn=fast").unwrap_err().to_string();

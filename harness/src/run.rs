@@ -166,6 +166,18 @@ impl RunArgs {
                 ],
             ),
             (
+                "parity default vs mtp=2 (qwen3_5:tiny:f32:hf)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "qwen3_5:tiny:f32:hf",
+                    "--a",
+                    "default",
+                    "--b",
+                    "mtp=2",
+                ],
+            ),
+            (
                 "parity kv=flat vs kv=rotating (gemma4:tiny)",
                 vec![
                     "parity",

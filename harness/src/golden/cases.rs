@@ -36,6 +36,17 @@ pub const MATRIX: &[Row] = &[
         formats: Format::ALL,
         paths: &["gdn=perstep", "gdn=chunked"],
     },
+    // Speculative decoding with the MTP head, which only the original (float) folders keep.
+    Row {
+        family: "qwen3_5",
+        formats: &[Format::F32, Format::Bf16],
+        paths: &["mtp=2"],
+    },
+    Row {
+        family: "qwen3_5_moe",
+        formats: &[Format::F32],
+        paths: &["mtp=3"],
+    },
     Row {
         family: "lfm2",
         formats: Format::ALL,
