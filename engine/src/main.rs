@@ -101,8 +101,9 @@ struct GenerateArgs {
     #[arg(long)]
     flat_kv: bool,
     /// Speculative decoding: the checkpoint's own MTP head (Qwen3.5 original folders) drafts D
-    /// tokens (1-4) that the model verifies in one forward; greedy output is unchanged, only
-    /// faster when drafts are accepted. --json adds the acceptance figures under `mtp`.
+    /// tokens (1-4) that the model verifies in one forward. Greedy output is unchanged and
+    /// sampled output keeps the model's distribution (speculative sampling); it is only faster
+    /// when drafts are accepted. --json adds the acceptance figures under `mtp`.
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=4))]
     mtp: Option<u8>,
     /// Testing and benchmarking: instead of the head's drafts, use the plain greedy output's

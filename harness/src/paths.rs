@@ -28,7 +28,7 @@ pub struct PathSpec {
     /// KV caches of sliding-window layers: rotating (the default) or flat (every position).
     pub kv: Option<KvLayout>,
     /// Speculative decoding with the checkpoint's MTP head, drafting this many tokens a round
-    /// (greedy requests only; plain decoding when unset).
+    /// (plain decoding when unset).
     pub mtp: Option<u8>,
 }
 

@@ -4,6 +4,8 @@
 //! one correct), so full, partial and zero acceptance and every rollback run; a rollback then
 //! replay leaves the state bit-identical to running the kept tokens alone.
 
+use std::collections::HashMap;
+
 use engine::cache::ModelState;
 use engine::generate::{self, ForcedDrafts, GenerateOutput, MtpOptions};
 use engine::layers::gated_delta::GdnPath;
@@ -166,18 +168,172 @@ fn mtp_is_refused_where_it_cannot_run() {
         .to_string();
     assert!(err.contains("mtp"), "{err}");
     let p = load("qwen3_5:tiny:f32:hf");
-    let sampled = RequestOptions {
-        temperature: Some(0.7),
+    let deep = RequestOptions {
+        mtp: Some(MtpOptions {
+            depth: 5,
+            forced: None,
+        }),
         ..opts
     };
-    let err = generate::generate(
-        p.model.as_ref(),
-        &p.request(vec![1, 2, 3], &sampled),
-        |_| {},
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("--temperature 0"), "{err}");
+    let err = generate::generate(p.model.as_ref(), &p.request(vec![1, 2, 3], &deep), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("1 to 4"), "{err}");
+}
+
+/// The first three sampled tokens of `runs` seeds, counted per sequence.
+fn sampled_counts(
+    p: &Pipeline,
+    ids: &[u32],
+    runs: u64,
+    mtp: impl Fn() -> Option<MtpOptions>,
+) -> (HashMap<Vec<u32>, u64>, usize) {
+    let mut counts = HashMap::new();
+    let mut accepted = 0;
+    for seed in 0..runs {
+        let opts = RequestOptions {
+            max_tokens: Some(3),
+            temperature: Some(1.0),
+            top_k: Some(3),
+            top_p: Some(1.0),
+            seed: Some(seed),
+            ignore_eos: true,
+            mtp: mtp(),
+            ..Default::default()
+        };
+        let out =
+            generate::generate(p.model.as_ref(), &p.request(ids.to_vec(), &opts), |_| {}).unwrap();
+        accepted += out.mtp.map_or(0, |m| m.accepted);
+        *counts.entry(out.tokens).or_insert(0) += 1;
+    }
+    (counts, accepted)
+}
+
+/// The exact probability of every 3-token continuation under top-3 sampling at T = 1.
+fn exact_joint(p: &Pipeline, ids: &[u32]) -> HashMap<Vec<u32>, f64> {
+    let params = engine::generate::SamplingParams {
+        temperature: 1.0,
+        top_k: 3,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let sampler = engine::generate::Sampler::new(params);
+    let m = p.model.as_ref();
+    let dist = |prefix: &[u32]| {
+        let mut s = m.new_state();
+        let logits = m.forward(prefix, &mut s, false).unwrap();
+        sampler.distribution(&logits).unwrap()
+    };
+    let mut joint = HashMap::new();
+    let d1 = dist(ids);
+    for &a in &d1.tokens {
+        let ctx_a = [ids, &[a]].concat();
+        let d2 = dist(&ctx_a);
+        for &b in &d2.tokens {
+            let d3 = dist(&[&ctx_a[..], &[b]].concat());
+            for &c in &d3.tokens {
+                joint.insert(vec![a, b, c], d1.prob(a) * d2.prob(b) * d3.prob(c));
+            }
+        }
+    }
+    joint
+}
+
+/// Pearson's statistic with cells of expected count < 5 pooled, and the 0.1% critical value
+/// (Wilson–Hilferty) for its degrees of freedom.
+fn chi_square(
+    counts: &HashMap<Vec<u32>, u64>,
+    exact: &HashMap<Vec<u32>, f64>,
+    n: u64,
+) -> (f64, f64) {
+    let outside: u64 = counts
+        .iter()
+        .filter(|(k, _)| !exact.contains_key(*k))
+        .map(|(_, c)| c)
+        .sum();
+    assert_eq!(
+        outside, 0,
+        "a sequence outside the top-3 support was sampled"
+    );
+    let (mut stat, mut cells, mut pooled_e, mut pooled_o) = (0.0, 0usize, 0.0, 0.0);
+    for (k, &p) in exact {
+        let e = p * n as f64;
+        let o = *counts.get(k).unwrap_or(&0) as f64;
+        if e < 5.0 {
+            pooled_e += e;
+            pooled_o += o;
+        } else {
+            stat += (o - e) * (o - e) / e;
+            cells += 1;
+        }
+    }
+    if pooled_e > 0.0 {
+        stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+        cells += 1;
+    }
+    let k = (cells - 1) as f64;
+    let z = 3.09;
+    let crit = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    (stat, crit)
+}
+
+/// Speculative sampling keeps the model's distribution: over 2000 seeds the joint counts of
+/// the first three tokens with `--mtp 2` (the head's own drafts, and drafts forced to the
+/// greedy tokens, which are often kept) pass a chi-square test against the exact
+/// probabilities, as plain sampling does; a wrong expectation (the first token's distribution
+/// with a draft always kept) fails it, so the test can fail.
+#[test]
+fn mtp_sampling_matches_the_model_distribution() {
+    let p = load("qwen3_5:tiny:f32:hf");
+    let ids = prompt(&p, 8);
+    let exact = exact_joint(&p, &ids);
+    let n = 2000;
+    let greedy = run(&p, &ids, GdnPath::Auto, None).tokens;
+    let (plain, _) = sampled_counts(&p, &ids, n, || None);
+    let (own, _) = sampled_counts(&p, &ids, n, || {
+        Some(MtpOptions {
+            depth: 2,
+            forced: None,
+        })
+    });
+    let (forced, kept) = sampled_counts(&p, &ids, n, || {
+        Some(MtpOptions {
+            depth: 2,
+            forced: Some(ForcedDrafts {
+                reference: greedy.clone(),
+                correct: 2,
+            }),
+        })
+    });
+    println!("forced drafts kept: {kept}");
+    assert!(
+        kept > 100,
+        "forced drafts were kept {kept} times: acceptance barely ran"
+    );
+    for (what, counts) in [
+        ("plain", &plain),
+        ("mtp own", &own),
+        ("mtp forced", &forced),
+    ] {
+        let (stat, crit) = chi_square(counts, &exact, n);
+        println!("{what}: chi-square {stat:.1}, 0.1% critical value {crit:.1}");
+        assert!(stat < crit, "{what}: chi-square {stat:.1} above {crit:.1}");
+    }
+    // The same counts against a wrong expectation (the probabilities handed out in reverse
+    // order of size) are rejected.
+    let mut keys: Vec<&Vec<u32>> = exact.keys().collect();
+    keys.sort_by(|a, b| exact[*a].total_cmp(&exact[*b]).then(a.cmp(b)));
+    let skewed: HashMap<Vec<u32>, f64> = keys
+        .iter()
+        .zip(keys.iter().rev())
+        .map(|(k, r)| ((*k).clone(), exact[*r]))
+        .collect();
+    let (stat, crit) = chi_square(&plain, &skewed, n);
+    println!("plain against a wrong expectation: chi-square {stat:.1}, critical {crit:.1}");
+    assert!(
+        stat > crit,
+        "a wrong expectation passed: {stat:.1} <= {crit:.1}"
+    );
 }
 
 /// On MLX (its CPU device here): the same equality, through MLX's ops.

@@ -31,7 +31,7 @@ pub struct GenerateRequest {
     /// Sliding-window layers keep every position (masked) instead of rotating their cache:
     /// the reference that the rotating cache must match bit for bit.
     pub flat_kv: bool,
-    /// Speculative decoding with the model's own draft head (greedy only).
+    /// Speculative decoding with the model's own draft head.
     pub mtp: Option<MtpOptions>,
 }
 
@@ -99,9 +99,6 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
         if !(1..=4).contains(&m.depth) {
             bail!("--mtp takes a draft depth of 1 to 4, got {}", m.depth);
         }
-        if req.sampling.temperature != 0.0 {
-            bail!("--mtp runs greedy decoding only for now (pass --temperature 0; this request samples at T = {}): speculative sampling at T > 0 is not built yet", req.sampling.temperature);
-        }
     }
     req.sampling.validate()
 }
@@ -148,6 +145,7 @@ pub fn generate(
             keep_rows: req.top_logprobs > 0,
             prefill_step: step,
             vocab: model.info().vocab_size,
+            sampling: req.sampling,
             start,
         };
         let d = speculative::decode(

@@ -57,10 +57,17 @@ impl Sampler {
 
     /// Picks the next token from a `[V]` or `[1, V]` logits tensor.
     pub fn sample(&mut self, logits: &Tensor) -> Result<u32> {
-        let p = &self.params;
-        if p.temperature == 0.0 {
+        if self.params.temperature == 0.0 {
             return Ok(ops::argmax(logits)?[0]);
         }
+        let d = self.distribution(logits)?;
+        Ok(self.draw(&d))
+    }
+
+    /// The distribution a sampled step draws from (temperature > 0): the top-k candidates
+    /// best first, softmax at the temperature, cut to the smallest prefix reaching top-p.
+    pub fn distribution(&self, logits: &Tensor) -> Result<Dist> {
+        let p = &self.params;
         let v = logits.dim(-1);
         let flat = logits.reshape(&[v])?;
         // Candidates best first; top-k = 0 keeps the whole vocabulary.
@@ -86,14 +93,76 @@ impl Sampler {
                 }
             }
         }
-        let mass: f64 = probs[..keep].iter().sum();
-        let mut u = self.rng.next_f64() * mass;
-        for i in 0..keep {
-            u -= probs[i];
+        probs.truncate(keep);
+        let mass = probs.iter().sum();
+        Ok(Dist {
+            tokens: cands[..keep].iter().map(|c| c.0).collect(),
+            probs,
+            mass,
+        })
+    }
+
+    /// One seeded draw from `d`.
+    pub fn draw(&mut self, d: &Dist) -> u32 {
+        let mut u = self.rng.next_f64() * d.mass;
+        for (i, &p) in d.probs.iter().enumerate() {
+            u -= p;
             if u < 0.0 {
-                return Ok(cands[i].0);
+                return d.tokens[i];
             }
         }
-        Ok(cands[keep - 1].0)
+        *d.tokens.last().expect("a distribution has a token")
+    }
+
+    /// A uniform draw in [0, 1) from the same seeded stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+}
+
+/// A sampling distribution over a few tokens: `probs[i] / mass` is the probability of
+/// `tokens[i]` (the weights are kept as [`Sampler::sample`] computed them, so draws stay
+/// bit-identical to before the split).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dist {
+    pub tokens: Vec<u32>,
+    pub probs: Vec<f64>,
+    pub mass: f64,
+}
+
+impl Dist {
+    /// All mass on one token (a draft that was forced, not drawn).
+    pub fn point(token: u32) -> Dist {
+        Dist {
+            tokens: vec![token],
+            probs: vec![1.0],
+            mass: 1.0,
+        }
+    }
+
+    /// The probability of `token` (0 outside the support).
+    pub fn prob(&self, token: u32) -> f64 {
+        self.tokens
+            .iter()
+            .position(|&t| t == token)
+            .map_or(0.0, |i| self.probs[i] / self.mass)
+    }
+
+    /// `max(0, self − other)`, renormalised: where speculative sampling draws after rejecting
+    /// a draft from `other`. `None` when nothing is left (then `self ≤ other` everywhere, and
+    /// a rejection could not have happened).
+    pub fn residual(&self, other: &Dist) -> Option<Dist> {
+        let probs: Vec<f64> = self
+            .tokens
+            .iter()
+            .zip(&self.probs)
+            .map(|(&t, &p)| (p / self.mass - other.prob(t)).max(0.0))
+            .collect();
+        let mass: f64 = probs.iter().sum();
+        (mass > 0.0).then(|| Dist {
+            tokens: self.tokens.clone(),
+            probs,
+            mass,
+        })
     }
 }

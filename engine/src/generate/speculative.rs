@@ -1,16 +1,19 @@
-//! Greedy speculative decoding with the model's own draft head (Qwen3.5's MTP).
+//! Speculative decoding with the model's own draft head (Qwen3.5's MTP).
 //!
 //! Each round the head drafts up to D tokens after the last emitted token `x`; the main model
-//! runs `[x, d_1 .. d_D]` in one forward, the longest prefix of drafts it agrees with is kept,
-//! and its own next token (the correction) follows. Greedy output is therefore the main model's
-//! own argmax sequence, whatever the drafts are. When a draft is rejected the main state rolls
-//! back to `x` and replays the kept tokens: Gated DeltaNet and conv states cannot be trimmed, KV
-//! caches are trimmed. The head keeps its own KV caches, rolled back the same way after its
-//! chained drafts.
+//! runs `[x, d_1 .. d_D]` in one forward. Greedy: the longest prefix of drafts it agrees with
+//! is kept and its own next token (the correction) follows, so the output is the main model's
+//! own argmax sequence whatever the drafts are. Sampling: drafts are drawn from the head's
+//! distribution and kept by the standard speculative-sampling rule ([`accept_sampled`]), so
+//! the tokens follow the main model's distribution exactly. When a draft is rejected the main
+//! state rolls back to `x` and replays the kept tokens: Gated DeltaNet and conv states cannot
+//! be trimmed, KV caches are trimmed. The head keeps its own KV caches, rolled back the same
+//! way after its chained drafts.
 
 use anyhow::{bail, ensure, Result};
 use kernels::{ops, Tensor};
 
+use super::sampler::{Dist, Sampler, SamplingParams};
 use crate::models::SelfDrafter;
 
 /// Options of speculative decoding.
@@ -68,6 +71,8 @@ pub(super) struct Setup<'a> {
     pub keep_rows: bool,
     pub prefill_step: usize,
     pub vocab: usize,
+    /// Greedy at temperature 0, else speculative sampling.
+    pub sampling: SamplingParams,
     /// When the prompt entered the engine (TTFT is measured from it).
     pub start: std::time::Instant,
 }
@@ -128,7 +133,14 @@ pub(super) fn decode(
         last_hidden.expect("prompt is non-empty"),
     );
     out.ttft = setup.start.elapsed().as_secs_f64();
-    let mut x = first_token(&logits)?;
+    // Sampling draws in the order plain decoding does for the first token, so a seed's first
+    // token is the same with and without MTP.
+    let mut sampler = (setup.sampling.temperature > 0.0).then(|| Sampler::new(setup.sampling));
+    all_finite_somewhere(&logits)?;
+    let mut x = match sampler.as_mut() {
+        Some(s) => s.sample(&logits)?,
+        None => ops::argmax(&logits)?[0],
+    };
     if !emit(&mut out, x, &logits, &setup, on_token) {
         return Ok(finish(out));
     }
@@ -140,8 +152,14 @@ pub(super) fn decode(
         let left = setup.budget - out.tokens.len();
         // No draft past the budget: the last token of a round is the main model's own.
         let depth = d.min(left.saturating_sub(1)).max(1);
-        let drafts = draft_round(drafter, &mut draft_state, depth, &pending, &pending_hidden)?;
-        let drafts = force(opts, drafts, out.tokens.len(), setup.vocab);
+        let (drafts, dists) = draft_round(
+            drafter,
+            &mut draft_state,
+            depth,
+            (&pending, &pending_hidden),
+            sampler.as_mut(),
+        )?;
+        let (drafts, dists) = force(opts, (drafts, dists), out.tokens.len(), setup.vocab);
 
         let before = state.mark();
         let mut ids = Vec::with_capacity(depth + 1);
@@ -149,8 +167,14 @@ pub(super) fn decode(
         ids.extend(&drafts);
         let (verify, verify_hidden) = drafter.forward_hidden(&ids, state, true)?;
         all_finite_somewhere(&verify)?;
-        let best = ops::argmax(&verify)?;
-        let kept = drafts.iter().zip(&best).take_while(|(a, b)| a == b).count();
+        let (kept, correction) = match sampler.as_mut() {
+            None => {
+                let best = ops::argmax(&verify)?;
+                let kept = drafts.iter().zip(&best).take_while(|(a, b)| a == b).count();
+                (kept, best[kept])
+            }
+            Some(s) => accept_sampled(s, &verify, &drafts, &dists)?,
+        };
         let st = &mut out.stats;
         st.rounds += 1;
         st.drafted += depth;
@@ -167,7 +191,6 @@ pub(super) fn decode(
             hidden = h;
             out.stats.replays += 1;
         }
-        let correction = best[kept];
         for (i, &t) in drafts[..kept].iter().chain([&correction]).enumerate() {
             let row = if setup.keep_rows {
                 verify.narrow0(i, 1)?
@@ -191,35 +214,80 @@ pub(super) fn decode(
     Ok(finish(out))
 }
 
-/// The head's `depth` drafts from its pending prediction, chained on its own hidden states;
-/// its state is left where it was (the chained steps are scratch).
+/// The head's `depth` drafts from its pending prediction, chained on its own hidden states:
+/// its argmax when greedy, else drawn from its distribution (returned beside, for the
+/// acceptance test). Its state is left where it was (the chained steps are scratch).
 fn draft_round(
     drafter: &dyn SelfDrafter,
     state: &mut crate::cache::ModelState,
     depth: usize,
-    pending: &Tensor,
-    pending_hidden: &Tensor,
-) -> Result<Vec<u32>> {
+    (pending, pending_hidden): (&Tensor, &Tensor),
+    mut sampler: Option<&mut Sampler>,
+) -> Result<(Vec<u32>, Vec<Dist>)> {
     let mark = state.mark();
-    let mut drafts = vec![ops::argmax(pending)?[0]];
+    let (mut drafts, mut dists) = (Vec::with_capacity(depth), Vec::new());
+    let mut logits = pending.clone();
     let mut h = pending_hidden.clone();
-    while drafts.len() < depth {
-        let last = *drafts.last().expect("one draft at least");
-        let (l, next_h) = drafter.draft(&[last], &h, state, true)?;
-        drafts.push(ops::argmax(&l.expect("asked for logits"))?[0]);
+    loop {
+        let next = match sampler.as_deref_mut() {
+            None => ops::argmax(&logits)?[0],
+            Some(s) => {
+                let d = s.distribution(&logits)?;
+                let t = s.draw(&d);
+                dists.push(d);
+                t
+            }
+        };
+        drafts.push(next);
+        if drafts.len() == depth {
+            break;
+        }
+        let (l, next_h) = drafter.draft(&[next], &h, state, true)?;
+        logits = l.expect("asked for logits");
         h = next_h;
     }
     state.rollback(&mark)?;
-    Ok(drafts)
+    Ok((drafts, dists))
+}
+
+/// The standard speculative-sampling rule: draft `d_j`, drawn from `q_j`, is kept with
+/// probability `min(1, p_j(d_j) / q_j(d_j))`, `p_j` the model's distribution at that place;
+/// at the first rejection the next token is drawn from `max(0, p_j − q_j)` renormalised, and
+/// when every draft is kept, from the model's next distribution. The tokens then follow the
+/// model's own distribution exactly. Returns (kept drafts, next token).
+fn accept_sampled(
+    s: &mut Sampler,
+    verify: &Tensor,
+    drafts: &[u32],
+    dists: &[Dist],
+) -> Result<(usize, u32)> {
+    for (j, (&d, q)) in drafts.iter().zip(dists).enumerate() {
+        let p = s.distribution(&verify.narrow0(j, 1)?)?;
+        let (pd, qd) = (p.prob(d), q.prob(d));
+        if s.uniform() * qd < pd {
+            continue;
+        }
+        // `pd < qd` here, so the residual has mass.
+        let r = p.residual(q).unwrap_or(p);
+        return Ok((j, s.draw(&r)));
+    }
+    let last = s.distribution(&verify.narrow0(drafts.len(), 1)?)?;
+    Ok((drafts.len(), s.draw(&last)))
 }
 
 /// Forced drafts replace the head's (tests only; see [`ForcedDrafts`]). `done` is how many
-/// tokens were emitted, so draft `j` stands for output token `done + j`.
-fn force(opts: &MtpOptions, drafts: Vec<u32>, done: usize, vocab: usize) -> Vec<u32> {
+/// tokens were emitted, so draft `j` stands for output token `done + j`. When sampling, a
+/// forced draft's distribution is all on it.
+fn force(
+    opts: &MtpOptions,
+    (drafts, dists): (Vec<u32>, Vec<Dist>),
+    done: usize,
+    vocab: usize,
+) -> (Vec<u32>, Vec<Dist>) {
     let Some(f) = &opts.forced else {
-        return drafts;
+        return (drafts, dists);
     };
-    drafts
+    let forced: Vec<u32> = drafts
         .iter()
         .enumerate()
         .map(|(j, &own)| match f.reference.get(done + j) {
@@ -227,12 +295,13 @@ fn force(opts: &MtpOptions, drafts: Vec<u32>, done: usize, vocab: usize) -> Vec<
             Some(&r) => (r + 1) % vocab as u32,
             None => own,
         })
-        .collect()
-}
-
-fn first_token(logits: &Tensor) -> Result<u32> {
-    all_finite_somewhere(logits)?;
-    Ok(ops::argmax(logits)?[0])
+        .collect();
+    let dists = if dists.is_empty() {
+        dists
+    } else {
+        forced.iter().map(|&t| Dist::point(t)).collect()
+    };
+    (forced, dists)
 }
 
 /// Refuses logits rows with no finite value (the model diverged; see `generate`).
