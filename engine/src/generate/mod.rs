@@ -103,17 +103,53 @@ pub fn validate(model: &dyn CausalLm, req: &GenerateRequest) -> Result<()> {
     req.sampling.validate()
 }
 
-/// Refuses logits with no finite value (NaN or inf everywhere): the model diverged, and greedy
-/// decoding would otherwise pick token 0 as if nothing happened.
-fn check_finite(logits: &kernels::Tensor, pos: usize) -> Result<()> {
+/// Refuses logits rows with no finite value (NaN or inf everywhere): the model diverged, and
+/// greedy decoding would otherwise pick token 0 as if nothing happened. `logits` is `[T, V]`,
+/// its last row the prediction after position `last_pos`.
+pub(super) fn check_finite(logits: &kernels::Tensor, last_pos: usize) -> Result<()> {
     let host = logits.to_device(kernels::Device::Cpu)?.to_f32()?;
-    if !host.f32s()?.iter().any(|x| x.is_finite()) {
-        bail!(
-            "the logits after position {pos} are all NaN or infinite: the checkpoint's weights or \
-             config values make the model diverge"
-        );
+    let v = host.dim(-1);
+    let rows = host.f32s()?.chunks(v);
+    let t = rows.len();
+    for (r, row) in rows.enumerate() {
+        if !row.iter().any(|x| x.is_finite()) {
+            bail!(
+                "the logits after position {} are all NaN or infinite: the checkpoint's weights \
+                 or config values make the model diverge",
+                last_pos + 1 + r - t
+            );
+        }
     }
     Ok(())
+}
+
+/// The output of a finished request. Decode speed counts the tokens after the first, which
+/// came from prefill: `secs` is (TTFT, decode time).
+fn finished(
+    req: &GenerateRequest,
+    tokens: Vec<u32>,
+    finish_reason: FinishReason,
+    (ttft, decode_secs): (f64, f64),
+    kv_cache_bytes: usize,
+    top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    mtp: Option<MtpStats>,
+) -> GenerateOutput {
+    let decode_steps = tokens.len().saturating_sub(1) as f64;
+    GenerateOutput {
+        prompt_ids: req.prompt_ids.clone(),
+        tokens,
+        finish_reason,
+        ttft_ms: ttft * 1e3,
+        prefill_tokens_per_s: req.prompt_ids.len() as f64 / ttft.max(1e-12),
+        decode_tokens_per_s: if decode_steps > 0.0 {
+            decode_steps / decode_secs.max(1e-12)
+        } else {
+            0.0
+        },
+        kv_cache_bytes,
+        top_logprobs,
+        mtp,
+    }
 }
 
 /// Runs one request to completion; `on_token` sees every generated token as it is produced.
@@ -166,26 +202,20 @@ pub fn generate(
             ),
         };
         let decode_secs = start.elapsed().as_secs_f64() - d.ttft;
-        let steps = d.tokens.len().saturating_sub(1) as f64;
-        return Ok(GenerateOutput {
-            prompt_ids: req.prompt_ids.clone(),
-            finish_reason: if d.stopped {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            },
-            ttft_ms: d.ttft * 1e3,
-            prefill_tokens_per_s: req.prompt_ids.len() as f64 / d.ttft.max(1e-12),
-            decode_tokens_per_s: if steps > 0.0 {
-                steps / decode_secs.max(1e-12)
-            } else {
-                0.0
-            },
-            kv_cache_bytes: state.kv_bytes(),
-            top_logprobs: top,
-            tokens: d.tokens,
-            mtp: Some(d.stats),
-        });
+        let finish = if d.stopped {
+            FinishReason::Stop
+        } else {
+            FinishReason::Length
+        };
+        return Ok(finished(
+            req,
+            d.tokens,
+            finish,
+            (d.ttft, decode_secs),
+            state.kv_bytes(),
+            top,
+            Some(d.stats),
+        ));
     }
     let mut logits = None;
     for piece in req.prompt_ids.chunks(step) {
@@ -216,23 +246,15 @@ pub fn generate(
         logits = model.forward(&[next], &mut state, false)?;
     }
     let decode_secs = decode_start.elapsed().as_secs_f64();
-    // Decode speed counts the forwards after the first token (the first came from prefill).
-    let decode_steps = tokens.len().saturating_sub(1) as f64;
-    Ok(GenerateOutput {
-        prompt_ids: req.prompt_ids.clone(),
+    Ok(finished(
+        req,
         tokens,
-        finish_reason: finish,
-        ttft_ms: ttft * 1e3,
-        prefill_tokens_per_s: req.prompt_ids.len() as f64 / ttft.max(1e-12),
-        decode_tokens_per_s: if decode_steps > 0.0 {
-            decode_steps / decode_secs.max(1e-12)
-        } else {
-            0.0
-        },
-        kv_cache_bytes: state.kv_bytes(),
-        top_logprobs: top,
-        mtp: None,
-    })
+        finish,
+        (ttft, decode_secs),
+        state.kv_bytes(),
+        top,
+        None,
+    ))
 }
 
 /// The best `k` `(token, log-prob)` pairs of one logits row `[1, V]`. On the model's device:

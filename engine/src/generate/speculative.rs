@@ -10,7 +10,7 @@
 //! be trimmed, KV caches are trimmed. The head keeps its own KV caches, rolled back the same
 //! way after its chained drafts.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::Result;
 use kernels::{ops, Tensor};
 
 use super::sampler::{Dist, Sampler, SamplingParams};
@@ -77,7 +77,7 @@ pub(super) struct Setup<'a> {
     pub start: std::time::Instant,
 }
 
-/// The greedy speculative loop from an empty `state`; `on_token` sees every emitted token.
+/// The speculative loop from an empty `state` (greedy, or sampled by [`accept_sampled`]); `on_token` sees every emitted token.
 pub(super) fn decode(
     drafter: &dyn SelfDrafter,
     state: &mut crate::cache::ModelState,
@@ -86,11 +86,7 @@ pub(super) fn decode(
     setup: Setup,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Decoded> {
-    ensure!(
-        (1..=4).contains(&opts.depth),
-        "--mtp takes a draft depth of 1 to 4, got {}",
-        opts.depth
-    );
+    // `generate::validate` checked the depth (1..=4) and that the model has a head.
     let d = opts.depth;
     let mut out = Decoded {
         tokens: Vec::new(),
@@ -136,7 +132,7 @@ pub(super) fn decode(
     // Sampling draws in the order plain decoding does for the first token, so a seed's first
     // token is the same with and without MTP.
     let mut sampler = (setup.sampling.temperature > 0.0).then(|| Sampler::new(setup.sampling));
-    all_finite_somewhere(&logits)?;
+    super::check_finite(&logits, state.pos)?;
     let mut x = match sampler.as_mut() {
         Some(s) => s.sample(&logits)?,
         None => ops::argmax(&logits)?[0],
@@ -166,7 +162,7 @@ pub(super) fn decode(
         ids.push(x);
         ids.extend(&drafts);
         let (verify, verify_hidden) = drafter.forward_hidden(&ids, state, true)?;
-        all_finite_somewhere(&verify)?;
+        super::check_finite(&verify, state.pos)?;
         let (kept, correction) = match sampler.as_mut() {
             None => {
                 let best = ops::argmax(&verify)?;
@@ -302,20 +298,6 @@ fn force(
         forced.iter().map(|&t| Dist::point(t)).collect()
     };
     (forced, dists)
-}
-
-/// Refuses logits rows with no finite value (the model diverged; see `generate`).
-fn all_finite_somewhere(logits: &Tensor) -> Result<()> {
-    let host = logits.to_device(kernels::Device::Cpu)?.to_f32()?;
-    let v = host.dim(-1);
-    if let Some(r) = host
-        .f32s()?
-        .chunks(v)
-        .position(|row| !row.iter().any(|x| x.is_finite()))
-    {
-        bail!("the logits of row {r} are all NaN or infinite: the checkpoint's weights or config values make the model diverge");
-    }
-    Ok(())
 }
 
 /// Records `t` unless it is a stop token; false when generation ends with it.
