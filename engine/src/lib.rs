@@ -1,6 +1,7 @@
 //! The inference engine: checkpoint loading (`config`, `weights`, `tokenizer`), model families
 //! (`models`, built from `layers`), per-sequence state (`cache`) and the generation loop
-//! (`generate`). `Pipeline` ties a checkpoint folder together.
+//! (`generate`), multi-turn reuse of that state (`session`). `Pipeline` ties a checkpoint folder
+//! together.
 
 pub mod backend;
 pub mod cache;
@@ -10,8 +11,10 @@ pub mod generate;
 pub mod layers;
 pub mod models;
 pub mod pipeline;
+pub mod session;
 pub mod tokenizer;
 pub mod weights;
 
 pub use backend::Backend;
 pub use pipeline::{Pipeline, RequestOptions};
+pub use session::{Session, Turn};

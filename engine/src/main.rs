@@ -32,6 +32,17 @@ engine generate --model DIR --prompt \"Hello\" --max-tokens 32\n  \
 engine generate --model DIR --prompt \"Why is the sky blue?\" --chat --temperature 0.7 --seed 3\n  \
 engine generate --model DIR --prompt-ids 1,2,3 --max-tokens 8 --top-logprobs 5 --json")]
     Generate(GenerateArgs),
+    /// Chat in the terminal through the folder's chat template: one line is one user message;
+    /// the answer streams as it is generated. The cache is kept across turns, so each turn
+    /// prefills only the new part of the conversation.
+    #[command(after_help = "Commands inside the chat:\n  \
+/reset   forget the conversation (and the cache)\n  \
+/exit    leave (so does end of input, Ctrl-D)\n\n\
+Examples:\n  \
+engine chat --model DIR\n  \
+engine chat --model DIR --system \"Answer briefly.\" --temperature 0.7 --seed 1\n  \
+printf 'Hi\\nWhat did I say?\\n' | engine chat --model DIR --max-tokens 32")]
+    Chat(ChatArgs),
     /// Describe a checkpoint: family, parameters, weight formats, layer kinds, context length.
     Info {
         /// The checkpoint folder.
@@ -62,27 +73,8 @@ struct GenerateArgs {
     /// ids given with --prompt-ids go to the model as they are).
     #[arg(long, requires = "prompt", conflicts_with = "prompt_ids")]
     chat: bool,
-    /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
-    #[arg(long)]
-    max_tokens: Option<usize>,
-    /// Sampling temperature; 0 is greedy [default: generation_config's, else 0].
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Keep only the k most likely tokens; 0 keeps all [default: generation_config's, else 0].
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches p [default: generation_config's, else 1].
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler (same seed, same tokens).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac or
-    /// with MLX's CUDA wheel, the CPU elsewhere; build with `--features mlx`); `metal`, MLX on
-    /// the Metal GPU with the Metal kernels (macOS, `--features metal`); `cuda`, the native
-    /// CUDA backend on an NVIDIA GPU (build with `--features cuda`).
-    #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
-    backend: Backend,
+    #[command(flatten)]
+    run: RunArgs,
     /// Also report the K best [token_id, logprob] pairs of every generated step.
     #[arg(long, default_value_t = 0)]
     top_logprobs: usize,
@@ -92,14 +84,6 @@ struct GenerateArgs {
     /// Keep generating past stop tokens, up to --max-tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Gated DeltaNet path: `auto` (chunked for forwards of 64+ tokens, per step otherwise),
-    /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
-    #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
-    gdn: Option<GdnPath>,
-    /// Keep every position in the KV caches of sliding-window layers (masking to the window)
-    /// instead of rotating them; for comparisons, since it only costs memory.
-    #[arg(long)]
-    flat_kv: bool,
     /// Speculative decoding: the checkpoint's own MTP head (Qwen3.5 original folders) drafts D
     /// tokens (1-4) that the model verifies in one forward. Greedy output is unchanged and
     /// sampled output keeps the model's distribution (speculative sampling); it is only faster
@@ -121,10 +105,122 @@ struct GenerateArgs {
     json: bool,
 }
 
+/// What `generate` and `chat` share: backend, sampling and cache settings.
+#[derive(Args)]
+struct RunArgs {
+    /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Sampling temperature; 0 is greedy [default: generation_config's, else 0].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep only the k most likely tokens; 0 keeps all [default: generation_config's, else 0].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p [default: generation_config's, else 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler (same seed, same tokens).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac or
+    /// with MLX's CUDA wheel, the CPU elsewhere; build with `--features mlx`); `metal`, MLX on
+    /// the Metal GPU with the Metal kernels (macOS, `--features metal`); `cuda`, the native
+    /// CUDA backend on an NVIDIA GPU (build with `--features cuda`).
+    #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
+    backend: Backend,
+    /// Gated DeltaNet path: `auto` (chunked for forwards of 64+ tokens, per step otherwise),
+    /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
+    #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
+    gdn: Option<GdnPath>,
+    /// Keep every position in the KV caches of sliding-window layers (masking to the window)
+    /// instead of rotating them; for comparisons, since it only costs memory.
+    #[arg(long)]
+    flat_kv: bool,
+}
+
+impl RunArgs {
+    /// Checks what can fail before the (slow) load: a backend this build lacks, a bad
+    /// GDN_KERNEL. Then loads the folder on the backend.
+    fn load(&self, model: &std::path::Path) -> Result<(Pipeline, GdnPath)> {
+        self.backend.require()?;
+        let gdn_path = GdnPath::resolve(self.gdn)?;
+        Ok((Pipeline::load_on(model, self.backend)?, gdn_path))
+    }
+
+    fn options(&self, gdn_path: GdnPath) -> RequestOptions {
+        RequestOptions {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            gdn_path: Some(gdn_path),
+            flat_kv: self.flat_kv,
+            ..RequestOptions::default()
+        }
+    }
+}
+
+/// Arguments of `engine chat`.
+#[derive(Args)]
+struct ChatArgs {
+    /// The checkpoint folder (its tokenizer_config.json must hold a chat template).
+    #[arg(long)]
+    model: PathBuf,
+    /// A system message that opens the conversation (and survives /reset).
+    #[arg(long)]
+    system: Option<String>,
+    /// Do not reuse the cache across turns: every turn prefills the whole conversation (for
+    /// comparisons; the output is the same).
+    #[arg(long)]
+    no_reuse: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Prints generated tokens as text while they come, whole characters only (a token may end
+/// inside a multi-byte character).
+struct Streamer<'t> {
+    tokenizer: &'t engine::tokenizer::Tokenizer,
+    ids: Vec<u32>,
+    shown: String,
+}
+
+impl<'t> Streamer<'t> {
+    fn new(tokenizer: &'t engine::tokenizer::Tokenizer) -> Streamer<'t> {
+        Streamer {
+            tokenizer,
+            ids: Vec::new(),
+            shown: String::new(),
+        }
+    }
+
+    fn push(&mut self, tok: u32) {
+        self.ids.push(tok);
+        if let Ok(text) = self.tokenizer.decode(&self.ids, true) {
+            if !text.ends_with('\u{FFFD}') && text.starts_with(&self.shown) {
+                print!("{}", &text[self.shown.len()..]);
+                let _ = std::io::stdout().flush();
+                self.shown = text;
+            }
+        }
+    }
+
+    /// Prints what is left of `text` (the final decode) and ends the line.
+    fn finish(&self, text: &str) {
+        if text.starts_with(&self.shown) {
+            print!("{}", &text[self.shown.len()..]);
+        }
+        println!();
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Generate(a) => run_generate(a),
+        Cmd::Chat(a) => run_chat(a),
         Cmd::Info { model, json } => run_info(model, json),
     };
     match result {
@@ -137,27 +233,17 @@ fn main() -> ExitCode {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    // Before the (slow) load, so a backend this build lacks or a bad GDN_KERNEL fails fast.
-    a.backend.require()?;
-    let gdn_path = GdnPath::resolve(a.gdn)?;
-    let p = Pipeline::load_on(&a.model, a.backend)?;
+    let (p, gdn_path) = a.run.load(&a.model)?;
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => p.encode_prompt(text, a.chat)?,
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
     let opts = RequestOptions {
-        max_tokens: a.max_tokens,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
         top_logprobs: a.top_logprobs,
         prefill_step: a.prefill_step,
         ignore_eos: a.ignore_eos,
-        gdn_path: Some(gdn_path),
-        flat_kv: a.flat_kv,
-        mtp: None,
+        ..a.run.options(gdn_path)
     };
     let mut req = p.request(prompt_ids, &opts);
     if let Some(depth) = a.mtp {
@@ -183,20 +269,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         };
         req.mtp = Some(generate::MtpOptions { depth, forced });
     }
-    let mut streamed = String::new();
-    let mut so_far = Vec::new();
+    let mut streamer = Streamer::new(&p.tokenizer);
     let out = generate::generate(p.model.as_ref(), &req, |tok| {
-        if a.json {
-            return;
-        }
-        so_far.push(tok);
-        // Print only whole characters: a token may end inside a multi-byte character.
-        if let Ok(text) = p.tokenizer.decode(&so_far, true) {
-            if !text.ends_with('\u{FFFD}') && text.starts_with(&streamed) {
-                print!("{}", &text[streamed.len()..]);
-                let _ = std::io::stdout().flush();
-                streamed = text;
-            }
+        if !a.json {
+            streamer.push(tok);
         }
     })?;
     let text = p.tokenizer.decode(&out.tokens, true)?;
@@ -205,10 +281,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         v["text"] = serde_json::Value::String(text);
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        if text.starts_with(&streamed) {
-            print!("{}", &text[streamed.len()..]);
-        }
-        println!();
+        streamer.finish(&text);
         eprintln!(
             "[{} prompt tokens, {} generated, finish: {:?}; TTFT {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s; KV cache {:.1} MiB]",
             out.prompt_ids.len(),
@@ -231,6 +304,87 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                 m.replays
             );
         }
+    }
+    Ok(())
+}
+
+/// The terminal chat: reads user lines, answers each through a [`engine::Session`].
+fn run_chat(a: ChatArgs) -> Result<()> {
+    use engine::tokenizer::ChatMessage;
+    use std::io::{BufRead, IsTerminal};
+    let (p, gdn_path) = a.run.load(&a.model)?;
+    if !p.tokenizer.has_chat_template() {
+        bail!(
+            "{}: the folder has no chat template (tokenizer_config.json `chat_template`); use `engine generate --prompt` instead",
+            a.model.display()
+        );
+    }
+    let opts = a.run.options(gdn_path);
+    let opening: Vec<ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.as_str()))
+        .collect();
+    let mut messages = opening.clone();
+    let mut session = engine::Session::new(p.model.as_ref());
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!(
+            "[{}: /reset forgets the conversation, /exit or Ctrl-D leaves]",
+            a.model.display()
+        );
+    }
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading standard input")?;
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = opening.clone();
+                session.reset();
+                eprintln!("[conversation reset]");
+                continue;
+            }
+            cmd if cmd.starts_with('/') => {
+                eprintln!("[unknown command {cmd}: /reset or /exit]");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", line));
+        let req = p.request(p.encode_chat(&messages)?, &opts);
+        if a.no_reuse {
+            session.reset();
+        }
+        let mut streamer = Streamer::new(&p.tokenizer);
+        let turn = match session.generate(&req, |tok| streamer.push(tok)) {
+            Ok(t) => t,
+            Err(e) => {
+                // The conversation goes on without the message that failed (e.g. the context
+                // is full: /reset makes room).
+                println!();
+                eprintln!("error: {e:#}");
+                messages.pop();
+                session.reset();
+                continue;
+            }
+        };
+        let text = p.tokenizer.decode(&turn.output.tokens, true)?;
+        streamer.finish(&text);
+        eprintln!(
+            "[{} prompt tokens, {} from the cache; {} generated; TTFT {:.1} ms, decode {:.1} tok/s]",
+            req.prompt_ids.len(),
+            turn.reused,
+            turn.output.tokens.len(),
+            turn.output.ttft_ms,
+            turn.output.decode_tokens_per_s
+        );
+        messages.push(ChatMessage::new("assistant", text));
     }
     Ok(())
 }

@@ -60,15 +60,20 @@ impl Pipeline {
     /// Prompt text to ids, through the chat template when `chat` is set.
     pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
         if chat {
-            let rendered = self
-                .tokenizer
-                .apply_chat_template(&[ChatMessage::new("user", text)], true)
-                .with_context(|| format!("{}: applying the chat template", self.dir.display()))?;
-            // The template already wrote any special tokens it wants.
-            self.tokenizer.encode(&rendered, false)
+            self.encode_chat(&[ChatMessage::new("user", text)])
         } else {
             self.tokenizer.encode(text, true)
         }
+    }
+
+    /// A conversation to ids through the chat template, ready for the assistant's answer.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let rendered = self
+            .tokenizer
+            .apply_chat_template(messages, true)
+            .with_context(|| format!("{}: applying the chat template", self.dir.display()))?;
+        // The template already wrote any special tokens it wants.
+        self.tokenizer.encode(&rendered, false)
     }
 
     /// The stop set: config.json's eos ∪ generation_config.json's eos.

@@ -145,6 +145,32 @@ impl ModelState {
         Ok(())
     }
 
+    /// Forgets every position from `pos` on, when the state allows it: only KV caches can be
+    /// trimmed (recurrent and conv states hold no per-position history), and a rotating cache
+    /// only back to a position it still holds. Returns whether it was trimmed; a state that
+    /// cannot be is left as it was. (KV-shared layers' empty caches have nothing to trim.)
+    pub fn trim_to(&mut self, pos: usize) -> Result<bool> {
+        if pos > self.pos {
+            return Ok(false);
+        }
+        let trimmable = self.layers.iter().all(|l| match l {
+            LayerState::Kv(c) => c.pos() <= pos || c.start <= pos,
+            _ => false,
+        });
+        if !trimmable {
+            return Ok(false);
+        }
+        for l in &mut self.layers {
+            if let LayerState::Kv(c) = l {
+                if c.pos() > pos {
+                    c.truncate(pos)?;
+                }
+            }
+        }
+        self.pos = pos;
+        Ok(true)
+    }
+
     /// Bytes held by the KV caches (recurrent and conv states not counted).
     pub fn kv_bytes(&self) -> usize {
         self.layers
@@ -162,6 +188,13 @@ impl ModelState {
 pub struct StateMark {
     pos: usize,
     layers: Vec<LayerMark>,
+}
+
+impl StateMark {
+    /// The position the mark returns to.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use kernels::ops;
 
+use crate::cache::ModelState;
 use crate::layers::GdnPath;
 use crate::models::CausalLm;
 pub use sampler::{Sampler, SamplingParams};
@@ -159,24 +160,17 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
     validate(model, req)?;
-    let context = model.info().context_length;
-    let budget = req.max_tokens.min(context - req.prompt_ids.len());
-    let mut sampler = Sampler::new(req.sampling);
     let mut state = model.new_state();
     if req.flat_kv {
         state = state.with_flat_kv()?;
     }
     state.gdn_path = req.gdn_path;
-    // Grown as tokens come: the budget may be a context length of millions.
-    let mut tokens = Vec::new();
-    let mut top = (req.top_logprobs > 0).then(Vec::new);
-    let mut finish = FinishReason::Length;
-
-    let start = Instant::now();
-    let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
     if let (Some(opts), Some(drafter)) = (&req.mtp, model.drafter()) {
+        let start = Instant::now();
+        let context = model.info().context_length;
+        let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
         let setup = speculative::Setup {
-            budget,
+            budget: req.max_tokens.min(context - req.prompt_ids.len()),
             stop_ids: &req.stop_ids,
             keep_rows: req.top_logprobs > 0,
             prefill_step: step,
@@ -217,11 +211,44 @@ pub fn generate(
             Some(d.stats),
         ));
     }
-    let mut logits = None;
-    for piece in req.prompt_ids.chunks(step) {
-        logits = Some(model.forward(piece, &mut state, false)?);
+    continue_plain(model, req, &mut state, |_| {}, on_token)
+}
+
+/// Plain decoding of `req` on a `state` that has already seen `req.prompt_ids[..state.pos]`
+/// (a fresh state, or one a [`crate::Session`] kept from an earlier turn): prefills the rest
+/// of the prompt, lets `after_prefill` look at the state (a session marks the turn boundary
+/// there), then decodes. The request must have passed [`validate`] and must leave at least
+/// one prompt token to prefill.
+pub(crate) fn continue_plain(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    state: &mut ModelState,
+    after_prefill: impl FnOnce(&ModelState),
+    mut on_token: impl FnMut(u32),
+) -> Result<GenerateOutput> {
+    let start = Instant::now();
+    let context = model.info().context_length;
+    let budget = req.max_tokens.min(context - req.prompt_ids.len());
+    let mut sampler = Sampler::new(req.sampling);
+    let rest = req.prompt_ids.get(state.pos..).unwrap_or_default();
+    if rest.is_empty() {
+        bail!(
+            "internal: a continued state has seen {} tokens, the prompt has {}; at least one must be left to prefill",
+            state.pos,
+            req.prompt_ids.len()
+        );
     }
-    let mut logits = logits.expect("prompt is non-empty");
+    let step = req.prefill_step.unwrap_or(rest.len());
+    // Grown as tokens come: the budget may be a context length of millions.
+    let mut tokens = Vec::new();
+    let mut top = (req.top_logprobs > 0).then(Vec::new);
+    let mut finish = FinishReason::Length;
+    let mut logits = None;
+    for piece in rest.chunks(step) {
+        logits = Some(model.forward(piece, state, false)?);
+    }
+    let mut logits = logits.expect("the rest of the prompt is non-empty");
+    after_prefill(state);
     let ttft = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
 
@@ -243,7 +270,7 @@ pub fn generate(
         if tokens.len() == budget {
             break;
         }
-        logits = model.forward(&[next], &mut state, false)?;
+        logits = model.forward(&[next], state, false)?;
     }
     let decode_secs = decode_start.elapsed().as_secs_f64();
     Ok(finished(
