@@ -137,6 +137,18 @@ struct RunArgs {
     /// instead of rotating them; for comparisons, since it only costs memory.
     #[arg(long)]
     flat_kv: bool,
+    /// KV layout of full-attention layers: `flat` (one buffer per layer, grown by doubling) or
+    /// `paged` (blocks of --block-size positions in a pool per layer, read through block
+    /// tables; full blocks with equal contents are shared). Same tokens either way.
+    #[arg(long, value_name = "flat|paged", default_value = "flat", value_parser = ["flat", "paged"])]
+    kv: String,
+    /// Positions per KV block with --kv paged.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    block_size: u32,
+    /// The most blocks each layer's pool hands out with --kv paged; running out is an error
+    /// [default: enough for the whole context].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
+    kv_blocks: Option<u64>,
 }
 
 impl RunArgs {
@@ -157,6 +169,10 @@ impl RunArgs {
             seed: self.seed,
             gdn_path: Some(gdn_path),
             flat_kv: self.flat_kv,
+            paged_kv: (self.kv == "paged").then_some(generate::PagedKv {
+                block_size: self.block_size as usize,
+                blocks: self.kv_blocks.map(|b| b as usize),
+            }),
             ..RequestOptions::default()
         }
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::config::{GenerationConfig, ModelConfig};
-use crate::generate::{GenerateRequest, MtpOptions, SamplingParams};
+use crate::generate::{GenerateRequest, MtpOptions, PagedKv, SamplingParams};
 use crate::layers::GdnPath;
 use crate::models::{self, CausalLm};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -37,6 +37,8 @@ pub struct RequestOptions {
     pub flat_kv: bool,
     /// Speculative decoding with the checkpoint's own draft head.
     pub mtp: Option<MtpOptions>,
+    /// Paged KV for full-attention layers.
+    pub paged_kv: Option<PagedKv>,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -124,6 +126,7 @@ impl Pipeline {
             }),
             flat_kv: o.flat_kv,
             mtp: o.mtp.clone(),
+            paged_kv: o.paged_kv,
         }
     }
 }

@@ -16,7 +16,7 @@
 use anyhow::Result;
 
 use crate::cache::{ModelState, StateMark};
-use crate::generate::{self, GenerateOutput, GenerateRequest};
+use crate::generate::{self, GenerateOutput, GenerateRequest, PagedKv};
 use crate::layers::GdnPath;
 use crate::models::CausalLm;
 
@@ -36,6 +36,7 @@ struct Cached {
     /// The request settings the state was built with; a change means a fresh state.
     gdn_path: GdnPath,
     flat_kv: bool,
+    paged_kv: Option<PagedKv>,
 }
 
 /// A turn's output and how much of its prompt came from the cache.
@@ -76,14 +77,7 @@ impl<'m> Session<'m> {
         }
         let mut state = match self.reusable(req) {
             Some(state) => state,
-            None => {
-                let mut s = self.model.new_state();
-                if req.flat_kv {
-                    s = s.with_flat_kv()?;
-                }
-                s.gdn_path = req.gdn_path;
-                s
-            }
+            None => generate::fresh_state(self.model, req)?,
         };
         let reused = state.pos;
         let mut boundary = None;
@@ -106,6 +100,7 @@ impl<'m> Session<'m> {
             boundary: boundary.expect("continue_plain calls after_prefill"),
             gdn_path: req.gdn_path,
             flat_kv: req.flat_kv,
+            paged_kv: req.paged_kv,
         });
         Ok(Turn { output, reused })
     }
@@ -114,7 +109,7 @@ impl<'m> Session<'m> {
     /// return to (leaving at least one token to prefill); `None` when nothing is reusable.
     fn reusable(&mut self, req: &GenerateRequest) -> Option<ModelState> {
         let mut c = self.cached.take()?;
-        if c.gdn_path != req.gdn_path || c.flat_kv != req.flat_kv {
+        if c.gdn_path != req.gdn_path || c.flat_kv != req.flat_kv || c.paged_kv != req.paged_kv {
             return None;
         }
         let prompt = &req.prompt_ids;

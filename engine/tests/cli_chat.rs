@@ -49,10 +49,17 @@ fn chat_reuses_the_cache_without_changing_the_answers() {
     let (with, log) = chat(&fixture(), input, &["--system", "Be brief."]);
     let (without, log_fresh) = chat(&fixture(), input, &["--system", "Be brief.", "--no-reuse"]);
     assert_eq!(with, without, "reuse changed an answer");
-    assert_eq!(with.lines().count(), 4, "four answers, nothing after /exit: {with:?}");
+    assert_eq!(
+        with.lines().count(),
+        4,
+        "four answers, nothing after /exit: {with:?}"
+    );
     let r = reused(&log);
     assert_eq!(r.len(), 4, "{log}");
-    assert!(r[0] == 0 && r[1] > 0 && r[2] > r[1] && r[3] == 0, "reuse per turn: {r:?}");
+    assert!(
+        r[0] == 0 && r[1] > 0 && r[2] > r[1] && r[3] == 0,
+        "reuse per turn: {r:?}"
+    );
     assert_eq!(reused(&log_fresh), vec![0; 4]);
     assert!(log.contains("[conversation reset]"));
 }

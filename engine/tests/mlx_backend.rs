@@ -53,6 +53,7 @@ mod on_mlx {
             gdn_path: GdnPath::Auto,
             flat_kv: false,
             mtp: None,
+            paged_kv: None,
         };
         generate::generate(m, &req, |_| {}).unwrap().tokens
     }

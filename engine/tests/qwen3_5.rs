@@ -758,6 +758,7 @@ fn greedy_decode_after_a_300_token_prefill_agrees_across_paths_and_with_the_refe
             gdn_path: path,
             flat_kv: false,
             mtp: None,
+            paged_kv: None,
         };
         generate::generate(m.as_ref(), &req, |_| {}).unwrap().tokens
     };

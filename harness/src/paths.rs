@@ -1,5 +1,5 @@
 //! Execution paths: the engine's alternative ways of computing the same model (the backend,
-//! Gated DeltaNet per step or chunked, and later paged KV, MTP, ...), named on the command line
+//! Gated DeltaNet per step or chunked, the KV layout (rotating, flat, paged), MTP), named on the command line
 //! as `KEY=VALUE[+KEY=VALUE...]` or `default`, e.g. `gdn=perstep`, `backend=mlx+gdn=chunked`. Goldens, parity
 //! and sweeps all select paths through [`PathSpec`], so a new path is one new key here.
 //!
@@ -10,13 +10,17 @@ use std::fmt;
 use std::str::FromStr;
 
 use anyhow::{bail, Result};
-use engine::cache::ModelState;
-use engine::generate::MtpOptions;
+use engine::cache::{KvPool, ModelState};
+use engine::generate::{MtpOptions, PagedKv};
 use engine::layers::GdnPath;
 use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat, mtp=1|2|3|4 (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4 (combine keys with `+`)";
+
+/// The block limit of the pools `kv=paged` gives states driven directly (a million positions;
+/// pools grow only as far as they are used).
+const STATE_POOL_BLOCKS: usize = 1 << 16;
 
 /// One execution path. Unset keys take the engine's built-in default (never the environment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,7 +29,8 @@ pub struct PathSpec {
     pub backend: Option<Backend>,
     /// Gated DeltaNet: per step, chunked, or by prompt length (`auto`).
     pub gdn: Option<GdnPath>,
-    /// KV caches of sliding-window layers: rotating (the default) or flat (every position).
+    /// KV layout: sliding-window layers rotating (the default) or flat (every position), or
+    /// full-attention layers paged (blocks of 16 in a pool; sliding layers keep rotating).
     pub kv: Option<KvLayout>,
     /// Speculative decoding with the checkpoint's MTP head, drafting this many tokens a round
     /// (plain decoding when unset).
@@ -40,6 +45,8 @@ pub enum KvLayout {
     Rotating,
     /// Every position, masked to the window: the reference the rotating cache must match.
     Flat,
+    /// Full-attention layers in blocks of a pool, read through block tables.
+    Paged,
 }
 
 impl fmt::Display for KvLayout {
@@ -47,6 +54,7 @@ impl fmt::Display for KvLayout {
         f.write_str(match self {
             KvLayout::Rotating => "rotating",
             KvLayout::Flat => "flat",
+            KvLayout::Paged => "paged",
         })
     }
 }
@@ -82,7 +90,8 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                 spec.kv = Some(match value.trim() {
                     "rotating" => KvLayout::Rotating,
                     "flat" => KvLayout::Flat,
-                    _ => bail!("unknown value `{value}` for path key `kv` in `{s}`; expected one of: rotating, flat"),
+                    "paged" => KvLayout::Paged,
+                    _ => bail!("unknown value `{value}` for path key `kv` in `{s}`; expected one of: rotating, flat, paged"),
                 });
             }
             "mtp" => {
@@ -136,6 +145,7 @@ impl PathSpec {
     pub fn apply(&self, opts: &mut RequestOptions) {
         opts.gdn_path = Some(self.gdn_path());
         opts.flat_kv = self.kv == Some(KvLayout::Flat);
+        opts.paged_kv = (self.kv == Some(KvLayout::Paged)).then(PagedKv::default);
         opts.mtp = self.mtp.map(|depth| MtpOptions {
             depth: depth as usize,
             forced: None,
@@ -144,10 +154,14 @@ impl PathSpec {
 
     /// The same for a fresh state driven through `CausalLm::forward` directly.
     pub fn apply_state(&self, state: ModelState) -> Result<ModelState> {
-        let mut state = if self.kv == Some(KvLayout::Flat) {
-            state.with_flat_kv()?
-        } else {
-            state
+        let mut state = match self.kv {
+            Some(KvLayout::Flat) => state.with_flat_kv()?,
+            Some(KvLayout::Paged) => {
+                let p = PagedKv::default();
+                let pool = KvPool::for_state(&state, p.block_size, STATE_POOL_BLOCKS)?;
+                state.with_paged_kv(&pool)?
+            }
+            _ => state,
         };
         state.gdn_path = self.gdn_path();
         Ok(state)
@@ -230,8 +244,8 @@ mod tests {
             let e = parse_path(bad).unwrap_err().to_string();
             assert!(e.contains("draft depth of 1 to 4"), "{e}");
         }
-        let e = parse_path("kv=paged").unwrap_err().to_string();
-        assert!(e.contains("`paged`") && e.contains("rotating, flat"), "{e}");
+        let e = parse_path("kv=pages").unwrap_err().to_string();
+        assert!(e.contains("`pages`") && e.contains("rotating, flat, paged"), "{e}");
         let e = parse_path("gdn=fast").unwrap_err().to_string();
         assert!(
             e.contains("`fast`") && e.contains("perstep, chunked"),

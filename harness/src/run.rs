@@ -178,6 +178,18 @@ impl RunArgs {
                 ],
             ),
             (
+                "parity default vs kv=paged (gemma4:tiny)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "gemma4:tiny",
+                    "--a",
+                    "default",
+                    "--b",
+                    "kv=paged",
+                ],
+            ),
+            (
                 "parity kv=flat vs kv=rotating (gemma4:tiny)",
                 vec![
                     "parity",

@@ -56,6 +56,7 @@ fn greedy(m: &dyn CausalLm, ids: &[u32], step: Option<usize>, flat: bool) -> Vec
         gdn_path: GdnPath::Auto,
         flat_kv: flat,
         mtp: None,
+        paged_kv: None,
     };
     let out = generate::generate(m, &req, |_| {}).unwrap();
     assert_eq!(out.tokens.len(), 40);

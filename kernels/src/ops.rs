@@ -210,6 +210,64 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
     cpu::attention::attention(q, k, v, p)
 }
 
+/// [`attention`] over a paged KV cache: `k`, `v` are block pools `[Hk, Blocks·B, D]` holding
+/// blocks of `B = block` positions, and `table[i]` is the pool block that holds logical
+/// positions `i·B .. (i+1)·B`. Keys `0..p.kv_len` are read through the table. The result
+/// equals [`attention`] on the same keys laid out flat (bit for bit on the CPU). Not on the
+/// native CUDA backend yet (an error says so).
+pub fn attention_paged(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (table, block): (&[u32], usize),
+    p: &AttnParams,
+) -> Result<Tensor> {
+    let pool_blocks = if block == 0 { 0 } else { k.dim(1) / block };
+    let ok = q.dims() == 3
+        && k.dims() == 3
+        && k.shape() == v.shape()
+        && q.dim(2) == k.dim(2)
+        && k.dim(0) > 0
+        && q.dim(1).is_multiple_of(k.dim(0))
+        && block > 0
+        && k.dim(1).is_multiple_of(block)
+        && p.kv_len <= table.len() * block
+        && table.iter().all(|&b| (b as usize) < pool_blocks)
+        && p.q_start + q.dim(0) <= p.kv_len;
+    if !ok {
+        return shape_err(
+            "attention_paged",
+            format!(
+                "q {:?}, pool {:?} / {:?} in blocks of {block}, {} table entries, q_start {}, kv_len {}",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                table.len(),
+                p.q_start,
+                p.kv_len
+            ),
+        );
+    }
+    if p.window == Some(0) {
+        return crate::error::invalid(
+            "attention_paged",
+            "a sliding window must hold at least 1 key",
+        );
+    }
+    #[cfg(feature = "mlx")]
+    if on_mlx(&[q, k, v]) {
+        return crate::mlx::more::attention_paged(q, k, v, (table, block), p);
+    }
+    #[cfg(feature = "cuda")]
+    if on_cuda(&[q, k, v]) {
+        return crate::error::invalid(
+            "attention_paged",
+            "paged KV is not implemented on the native CUDA backend yet; use flat KV there",
+        );
+    }
+    cpu::attention::attention_paged(q, k, v, (table, block), p)
+}
+
 /// Writes `new` `[T, Hk, D]` into a cache `[Hk, Cap, D]` at positions `pos..pos+T`.
 pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     let ok = cache.dims() == 3

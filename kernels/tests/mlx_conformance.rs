@@ -383,6 +383,40 @@ fn attention_causal_gqa_window_softcap_decode() {
 }
 
 #[test]
+fn paged_attention_reads_through_the_block_table() {
+    // A pool of 6 blocks of 4 positions; the sequence's 12 keys live in blocks 4, 1, 3.
+    let (hq, hk, d, b) = (4, 2, 8, 4);
+    let table = [4u32, 1, 3];
+    let k = host(&[hk, 6 * b, d], 41);
+    let v = host(&[hk, 6 * b, d], 42);
+    // The same keys laid flat, as the reference.
+    let flat = |pool: &Tensor| {
+        let src = pool.to_vec_f32().unwrap();
+        let mut out = Vec::new();
+        for h in 0..hk {
+            for j in 0..12 {
+                let slot = table[j / b] as usize * b + j % b;
+                out.extend_from_slice(&src[(h * 6 * b + slot) * d..][..d]);
+            }
+        }
+        Tensor::from_f32(&[hk, 12, d], out).unwrap()
+    };
+    for (t, q_start, window) in [(5, 0, None), (1, 11, Some(6)), (4, 8, None)] {
+        let q = host(&[t, hq, d], 43 + t as u64);
+        let p = ops::AttnParams {
+            q_start,
+            kv_len: q_start + t,
+            scale: 0.7,
+            window,
+            softcap: None,
+        };
+        let cpu = ops::attention(&q, &flat(&k), &flat(&v), &p).unwrap();
+        let got = ops::attention_paged(&mlx(&q), &mlx(&k), &mlx(&v), (&table, b), &p).unwrap();
+        check(&format!("paged attention T={t}"), &cpu, &got, MATMUL);
+    }
+}
+
+#[test]
 fn kv_write_decode_steps_keep_earlier_rows() {
     // A prefill then single-row writes into the same cache, as decoding does.
     let (mut cpu, mut got) = (Tensor::zeros(&[2, 8, 4]), mlx(&Tensor::zeros(&[2, 8, 4])));

@@ -379,6 +379,108 @@ fn attention_long_prefill_crosses_tiles() {
     }
 }
 
+/// Lays a flat cache `[hk, kv_len, d]` out in a pool of `blocks` blocks of `b` positions, in
+/// the blocks `table` names; every other slot is NaN, so a read through a wrong slot shows.
+fn paged(
+    flat: &[f32],
+    (hk, kv_len, d): (usize, usize, usize),
+    table: &[u32],
+    b: usize,
+    blocks: usize,
+) -> Vec<f32> {
+    let cap = blocks * b;
+    let mut pool = vec![f32::NAN; hk * cap * d];
+    for h in 0..hk {
+        for j in 0..kv_len {
+            let slot = table[j / b] as usize * b + j % b;
+            pool[(h * cap + slot) * d..][..d].copy_from_slice(&flat[(h * kv_len + j) * d..][..d]);
+        }
+    }
+    pool
+}
+
+#[test]
+fn paged_attention_equals_flat_bit_for_bit() {
+    let mut rng = Rng(9);
+    // Decode, short and long prefills (several key tiles), windows, GQA, odd block sizes.
+    for (case, (t_len, q_start, b, window)) in [
+        (1usize, 40usize, 16usize, None::<usize>),
+        (7, 0, 16, None),
+        (300, 0, 16, Some(100)),
+        (60, 230, 5, None),
+        (1, 517, 16, Some(64)),
+        (33, 100, 1, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (hk, hq, d) = (2, 2 * rng.int(1, 2), 24);
+        let kv_len = q_start + t_len;
+        let used = kv_len.div_ceil(b);
+        let blocks = used * 2 + 3;
+        // A scattered table: blocks in a shuffled order over a pool twice the size needed.
+        let mut free: Vec<u32> = (0..blocks as u32).collect();
+        let table: Vec<u32> = (0..used)
+            .map(|_| free.swap_remove(rng.int(0, free.len() - 1)))
+            .collect();
+        let q = rng.vec(t_len * hq * d, 3.0);
+        let k = rng.vec(hk * kv_len * d, 1.0);
+        let v = rng.vec(hk * kv_len * d, 1.0);
+        let p = AttnParams {
+            q_start,
+            kv_len,
+            scale: 0.3,
+            window,
+            softcap: (case % 2 == 1).then_some(20.0),
+        };
+        let q = tensor(&[t_len, hq, d], q);
+        let flat = ops::attention(
+            &q,
+            &tensor(&[hk, kv_len, d], k.clone()),
+            &tensor(&[hk, kv_len, d], v.clone()),
+            &p,
+        )
+        .unwrap();
+        let pool = |x: &[f32]| {
+            tensor(
+                &[hk, blocks * b, d],
+                paged(x, (hk, kv_len, d), &table, b, blocks),
+            )
+        };
+        let got = ops::attention_paged(&q, &pool(&k), &pool(&v), (&table, b), &p).unwrap();
+        assert_eq!(
+            values(&got),
+            values(&flat),
+            "case {case}: paged attention differs from flat (T={t_len}, q_start={q_start}, block {b})"
+        );
+    }
+}
+
+#[test]
+fn paged_attention_rejects_bad_tables() {
+    let q = tensor(&[1, 2, 8], vec![0.1; 16]);
+    let pool = tensor(&[1, 32, 8], vec![0.1; 256]);
+    let p = AttnParams {
+        q_start: 19,
+        kv_len: 20,
+        scale: 1.0,
+        window: None,
+        softcap: None,
+    };
+    assert!(ops::attention_paged(&q, &pool, &pool, (&[1, 0], 16), &p).is_ok());
+    for (table, b) in [
+        (&[1u32][..], 16),       // too short for kv_len
+        (&[1, 2][..], 16),       // block 2 is outside a 2-block pool
+        (&[1, 0][..], 0),        // no block size
+        (&[1, 0, 3, 4][..], 10), // 32 slots are not whole blocks of 10
+    ] {
+        assert!(
+            ops::attention_paged(&q, &pool, &pool, (table, b), &p).is_err(),
+            "{table:?} in blocks of {b}"
+        );
+    }
+}
+
 #[test]
 fn attention_rejects_bad_inputs() {
     let q = tensor(&[2, 4, 8], vec![0.1; 64]);

@@ -1,5 +1,7 @@
 use anyhow::{ensure, Result};
-use kernels::{ops, Tensor};
+use kernels::{ops, ops::AttnParams, Tensor};
+
+use super::paged::Pages;
 
 /// A KV cache `[Hk, capacity, D]` per layer.
 ///
@@ -13,6 +15,9 @@ use kernels::{ops, Tensor};
 /// positions relative to `start`: the causal and window masks depend only on differences of
 /// positions, and keys are rotated before they are cached, so the result is bit-identical to a
 /// flat cache's. Copying `W − 1` slots once per `W + 1` decode steps costs about one slot a step.
+///
+/// Paged (`pages` set, see [`super::paged`]): the positions live in blocks of a shared pool;
+/// `k` and `v` are then empty and `len` counts the positions (`start` stays 0).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     pub k: Tensor,
@@ -23,6 +28,8 @@ pub struct KvCache {
     pub start: usize,
     /// The sliding window this cache serves, when it rotates.
     pub window: Option<usize>,
+    /// The block table, when the cache is paged.
+    pub pages: Option<Pages>,
 }
 
 impl KvCache {
@@ -34,7 +41,36 @@ impl KvCache {
             len: 0,
             start: 0,
             window: None,
+            pages: None,
         }
+    }
+
+    /// A paged cache over `pages` (an empty table into a layer's pool).
+    pub fn paged(kv_heads: usize, head_dim: usize, pages: Pages) -> KvCache {
+        KvCache {
+            pages: Some(pages),
+            ..KvCache::new(kv_heads, head_dim, 0)
+        }
+    }
+
+    /// Attends `q` `[T, Hq, D]`, at absolute positions `q_pos..`, over the cached keys: the
+    /// flat or rotating buffer, or the pool through the block table. `p` gives the scale,
+    /// window and soft-cap; its positions are filled in here.
+    pub fn attend(&self, q: &Tensor, q_pos: usize, p: AttnParams) -> Result<Tensor> {
+        // Positions relative to the cache's first slot (a rotating cache has dropped some).
+        let p = AttnParams {
+            q_start: q_pos - self.start,
+            kv_len: self.len,
+            ..p
+        };
+        Ok(match &self.pages {
+            Some(pages) => {
+                let (k, v) = pages.tensors();
+                let (table, block) = pages.table();
+                ops::attention_paged(q, &k, &v, (&table, block), &p)?
+            }
+            None => ops::attention(q, &self.k, &self.v, &p)?,
+        })
     }
 
     /// A rotating cache for a layer that attends over a window of `window` positions.
@@ -69,8 +105,11 @@ impl KvCache {
         self.start + self.len
     }
 
-    /// Bytes held by the K and V buffers.
+    /// Bytes held by the K and V buffers (a paged cache: its blocks).
     pub fn bytes(&self) -> usize {
+        if let Some(p) = &self.pages {
+            return p.bytes();
+        }
         2 * self.k.dim(0) * self.capacity() * self.k.dim(2) * std::mem::size_of::<f32>()
     }
 
@@ -78,6 +117,11 @@ impl KvCache {
     /// what no query from here on can see.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
         let t = k.dim(0);
+        if let Some(p) = &mut self.pages {
+            p.append(k, v)?;
+            self.len += t;
+            return Ok(());
+        }
         let need = self.len + t;
         if need > self.capacity() {
             match self.window {
@@ -114,6 +158,9 @@ impl KvCache {
             self.start,
             self.pos()
         );
+        if let Some(p) = &mut self.pages {
+            p.truncate(pos)?;
+        }
         self.len = pos - self.start;
         Ok(())
     }
@@ -143,7 +190,7 @@ impl KvCache {
 }
 
 /// Slots `from..from+len` of `t` `[H, old, D]` at the front of a zeroed `[H, cap, D]`.
-fn moved(t: &Tensor, from: usize, len: usize, cap: usize) -> Result<Tensor> {
+pub(super) fn moved(t: &Tensor, from: usize, len: usize, cap: usize) -> Result<Tensor> {
     let (h, old, d) = (t.dim(0), t.dim(1), t.dim(2));
     // Done on the host (rare: once per doubling, or once per window of decode steps) and put
     // back where the cache lived.

@@ -2,9 +2,11 @@
 //! tensors are copy-on-write), which is what speculative decoding needs to roll back.
 
 pub mod kv;
+pub mod paged;
 pub mod recurrent;
 
 pub use kv::KvCache;
+pub use paged::{KvPool, PoolUsage};
 pub use recurrent::RecurrentState;
 
 use anyhow::{bail, ensure, Result};
@@ -95,6 +97,26 @@ impl ModelState {
         for l in &mut self.layers {
             if let LayerState::Kv(c) = l {
                 *c = KvCache::new(c.k.dim(0), c.k.dim(2), 0);
+            }
+        }
+        Ok(self)
+    }
+
+    /// The same state with its flat KV caches paged into `pool` (made for this model by
+    /// [`KvPool::for_state`]). Rotating caches stay (their memory is bounded by the window).
+    /// Only before the first forward.
+    pub fn with_paged_kv(mut self, pool: &KvPool) -> Result<ModelState> {
+        ensure!(
+            self.pos == 0,
+            "a state can switch to paged KV caches only before its first forward"
+        );
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if let (LayerState::Kv(c), Some(pages)) = (&mut *l, pool.pages(i)) {
+                ensure!(
+                    c.window.is_none(),
+                    "internal: layer {i} has a pool but a rotating cache"
+                );
+                *c = KvCache::paged(c.k.dim(0), c.k.dim(2), pages);
             }
         }
         Ok(self)

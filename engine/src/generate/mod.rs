@@ -34,6 +34,44 @@ pub struct GenerateRequest {
     pub flat_kv: bool,
     /// Speculative decoding with the model's own draft head.
     pub mtp: Option<MtpOptions>,
+    /// Full-attention layers keep their KV in blocks of a pool instead of one flat buffer.
+    pub paged_kv: Option<PagedKv>,
+}
+
+/// Paged KV settings (see [`crate::cache::paged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKv {
+    /// Positions per block.
+    pub block_size: usize,
+    /// The most blocks each layer's pool hands out (`None`: enough for the whole context).
+    pub blocks: Option<usize>,
+}
+
+impl Default for PagedKv {
+    fn default() -> PagedKv {
+        PagedKv {
+            block_size: 16,
+            blocks: None,
+        }
+    }
+}
+
+/// A fresh state set up as `req` asks: flat or rotating sliding-window caches, paged or flat
+/// full-attention caches (a new pool), the GDN path.
+pub fn fresh_state(model: &dyn CausalLm, req: &GenerateRequest) -> Result<ModelState> {
+    let mut state = model.new_state();
+    if req.flat_kv {
+        state = state.with_flat_kv()?;
+    }
+    if let Some(p) = req.paged_kv {
+        let blocks = p
+            .blocks
+            .unwrap_or_else(|| model.info().context_length.div_ceil(p.block_size.max(1)) + 1);
+        let pool = crate::cache::KvPool::for_state(&state, p.block_size, blocks)?;
+        state = state.with_paged_kv(&pool)?;
+    }
+    state.gdn_path = req.gdn_path;
+    Ok(state)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -160,11 +198,7 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
     validate(model, req)?;
-    let mut state = model.new_state();
-    if req.flat_kv {
-        state = state.with_flat_kv()?;
-    }
-    state.gdn_path = req.gdn_path;
+    let mut state = fresh_state(model, req)?;
     if let (Some(opts), Some(drafter)) = (&req.mtp, model.drafter()) {
         let start = Instant::now();
         let context = model.info().context_length;

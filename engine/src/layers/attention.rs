@@ -84,15 +84,16 @@ impl GqaAttention {
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
         cache.append(&k, &v)?;
-        // Positions relative to the cache's first slot (a rotating cache has dropped some).
         let p = AttnParams {
-            q_start: start - cache.start,
-            kv_len: cache.len,
+            q_start: 0,
+            kv_len: 0,
             scale: c.scale,
             window: c.window,
             softcap: c.softcap,
         };
-        let o = ops::attention(&q, &cache.k, &cache.v, &p)?.reshape(&[t, c.heads * c.head_dim])?;
+        let o = cache
+            .attend(&q, start, p)?
+            .reshape(&[t, c.heads * c.head_dim])?;
         let o = match gate {
             Some(g) => ops::mul(&o, &ops::sigmoid(&g)?)?,
             None => o,

@@ -659,15 +659,15 @@ impl Attention {
             let v = ops::rms_norm(&v, None, self.eps)?;
             cache.append(&k, &v)?;
         }
-        // Positions relative to the cache's first slot (a rotating cache has dropped some).
         let p = AttnParams {
-            q_start: start - cache.start,
-            kv_len: cache.len,
+            q_start: 0,
+            kv_len: 0,
             scale: 1.0,
             window: self.window,
             softcap: None,
         };
-        let o = ops::attention(&q, &cache.k, &cache.v, &p)?
+        let o = cache
+            .attend(&q, start, p)?
             .reshape(&[t, self.heads * self.head_dim])?;
         self.o_proj.forward(&o)
     }

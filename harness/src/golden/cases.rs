@@ -47,6 +47,28 @@ pub const MATRIX: &[Row] = &[
         formats: &[Format::F32],
         paths: &["mtp=3"],
     },
+    // Paged KV (full-attention layers in blocks of 16): an attention-only family, the Gated
+    // DeltaNet hybrid, the conv hybrid, and Gemma 4 (paged full layers beside rotating ones).
+    Row {
+        family: "qwen3",
+        formats: &[Format::Bf16, Format::Q4],
+        paths: &["kv=paged"],
+    },
+    Row {
+        family: "qwen3_5",
+        formats: &[Format::F32],
+        paths: &["kv=paged"],
+    },
+    Row {
+        family: "lfm2",
+        formats: &[Format::Q4],
+        paths: &["kv=paged"],
+    },
+    Row {
+        family: "gemma4",
+        formats: &[Format::F32],
+        paths: &["kv=paged"],
+    },
     Row {
         family: "lfm2",
         formats: Format::ALL,

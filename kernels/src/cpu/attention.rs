@@ -18,6 +18,31 @@ const TASK_ROWS: usize = 64;
 const KEY_TILE: usize = 256;
 
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    run(q, k, v, None, p)
+}
+
+/// [`attention`] over a paged cache: `k`, `v` are block pools `[Hk, Blocks·B, D]` and logical
+/// key `j` lives in slot `table[j / B]·B + j % B`. Each key tile is gathered from its blocks
+/// into a scratch tile and then scored exactly as a flat cache's tile would be (same tiles,
+/// same order), so the result is bit-identical to [`attention`] on the same keys laid flat.
+pub fn attention_paged(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (table, block): (&[u32], usize),
+    p: &AttnParams,
+) -> Result<Tensor> {
+    run(q, k, v, Some(Pages { table, block }), p)
+}
+
+/// A block table and its block size.
+#[derive(Clone, Copy)]
+struct Pages<'a> {
+    table: &'a [u32],
+    block: usize,
+}
+
+fn run(q: &Tensor, k: &Tensor, v: &Tensor, pages: Option<Pages>, p: &AttnParams) -> Result<Tensor> {
     let (t_len, hq, d) = (q.dim(0), q.dim(1), q.dim(2));
     let (hk, cap) = (k.dim(0), k.dim(1));
     let (qs, ks, vs) = (q.f32s()?, k.f32s()?, v.f32s()?);
@@ -40,7 +65,12 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
         .map(|task| {
             let (h, b) = (task / blocks, task % blocks);
             let cache = h * cap * d..(h + 1) * cap * d;
-            geom.task(qs, &ks[cache.clone()], &vs[cache], h, span(b))
+            let keys = Keys {
+                ks: &ks[cache.clone()],
+                vs: &vs[cache],
+                pages,
+            };
+            geom.task(qs, keys, h, span(b))
         })
         .collect();
     for (task, tile) in tiles.iter().enumerate() {
@@ -53,6 +83,42 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
         }
     }
     Tensor::from_f32(q.shape(), out)
+}
+
+/// One KV head's keys and values `[Cap, D]`, flat or paged.
+struct Keys<'a> {
+    ks: &'a [f32],
+    vs: &'a [f32],
+    pages: Option<Pages<'a>>,
+}
+
+impl Keys<'_> {
+    /// Keys and values `j0..j0+n` as contiguous `[n, D]` rows: slices of a flat cache, or
+    /// gathered block by block into `scratch` for a paged one.
+    fn tile<'s>(
+        &'s self,
+        (j0, n, d): (usize, usize, usize),
+        scratch: &'s mut (Vec<f32>, Vec<f32>),
+    ) -> (&'s [f32], &'s [f32]) {
+        let Some(Pages { table, block }) = self.pages else {
+            return (
+                &self.ks[j0 * d..(j0 + n) * d],
+                &self.vs[j0 * d..(j0 + n) * d],
+            );
+        };
+        let (kt, vt) = scratch;
+        kt.clear();
+        vt.clear();
+        let mut j = j0;
+        while j < j0 + n {
+            let run = (block - j % block).min(j0 + n - j);
+            let slot = table[j / block] as usize * block + j % block;
+            kt.extend_from_slice(&self.ks[slot * d..(slot + run) * d]);
+            vt.extend_from_slice(&self.vs[slot * d..(slot + run) * d]);
+            j += run;
+        }
+        (kt, vt)
+    }
 }
 
 /// What every task needs besides its own slices.
@@ -87,19 +153,12 @@ impl Geometry {
     }
 
     /// Output rows `(t, j)` for `t` in `t0..t1` and the group's heads `j`, `[rows, D]` with
-    /// row `(t - t0)·group + j`. `ks`/`vs` are this KV head's cache `[Cap, D]`.
+    /// row `(t - t0)·group + j`. `keys` are this KV head's.
     ///
     /// Scores and the accumulator are kept column-major (`[key][row]`, `[dim][row]`): that is
     /// the layout gemm's micro-kernels write without transposing, and it makes the softmax
     /// bookkeeping (masking, running max and sum, rescaling) run along contiguous rows.
-    fn task(
-        &self,
-        qs: &[f32],
-        ks: &[f32],
-        vs: &[f32],
-        h: usize,
-        (t0, t1): (usize, usize),
-    ) -> Vec<f32> {
+    fn task(&self, qs: &[f32], keys: Keys, h: usize, (t0, t1): (usize, usize)) -> Vec<f32> {
         let (d, g) = (self.d, self.group);
         let m = (t1 - t0) * g;
         let mut qt = Vec::with_capacity(m * d);
@@ -115,15 +174,17 @@ impl Geometry {
         let (mut shift, mut corr, mut tile_sum) =
             (vec![0.0f32; m], vec![0.0f32; m], vec![0.0f32; m]);
         let mut scores = vec![0.0f32; m * KEY_TILE.min(end - first)];
+        let mut scratch = (Vec::new(), Vec::new());
         for j0 in (first..end).step_by(KEY_TILE) {
             let nk = KEY_TILE.min(end - j0);
+            let (ks, vs) = keys.tile((j0, nk, d), &mut scratch);
             let s = &mut scores[..m * nk];
             gemm_into(
                 (m, nk, d),
                 (s, 1, m),
                 false,
                 (&qt, d, 1),
-                (&ks[j0 * d..], 1, d),
+                (ks, 1, d),
                 self.p.scale,
             );
             let mut tile_max = std::mem::take(&mut shift);
@@ -172,14 +233,7 @@ impl Geometry {
             for col in o.chunks_mut(m) {
                 col.iter_mut().zip(&corr).for_each(|(x, &c)| *x *= c);
             }
-            gemm_into(
-                (m, d, nk),
-                (&mut o, 1, m),
-                true,
-                (s, 1, m),
-                (&vs[j0 * d..], d, 1),
-                1.0,
-            );
+            gemm_into((m, d, nk), (&mut o, 1, m), true, (s, 1, m), (vs, d, 1), 1.0);
         }
         // Every row sees at least its own position, so the sum is >= 1 unless inputs are NaN.
         let inv: Vec<f32> = run_sum.iter().map(|&l| 1.0 / l).collect();

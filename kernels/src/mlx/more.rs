@@ -167,6 +167,29 @@ fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result
     tensor_of(op, o)
 }
 
+/// Paged attention on MLX: the keys' slots are gathered through the block table into a flat
+/// `[Hk, kv_len, D]` cache (one take per pool), which [`attention`] then reads.
+pub fn attention_paged(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (table, block): (&[u32], usize),
+    p: &AttnParams,
+) -> Result<Tensor> {
+    let op = "attention_paged";
+    let slots = (0..p.kv_len)
+        .map(|j| {
+            i32::try_from(table[j / block] as usize * block + j % block)
+                .map_err(|_| super::mlx_err(op, "pool slot index too large"))
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    let idx = Array::from_slice(&slots, &[slots.len() as i32]);
+    let gather = |t: &Tensor| -> Result<Tensor> {
+        tensor_of(op, m!(op, f32_array(op, t)?.take_axis(&idx, 1)))
+    };
+    attention(q, &gather(k)?, &gather(v)?, p)
+}
+
 /// Writes `new` `[T, Hk, D]` into the cache `[Hk, Cap, D]` at `pos..pos+T`; the cache becomes
 /// an MLX tensor. A slice update rather than a concatenation around the new rows: no 3-way
 /// concat of the whole cache per step, and MLX may reuse the old cache buffer in place when
