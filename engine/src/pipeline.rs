@@ -130,3 +130,75 @@ impl Pipeline {
         }
     }
 }
+
+/// One line of a prompts file (`engine generate --prompts FILE`): the prompt as text or ids,
+/// and per-request overrides of the command line's settings.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptLine {
+    pub prompt: Option<String>,
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Wrap `prompt` as a user message in the chat template.
+    #[serde(default)]
+    pub chat: bool,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+/// Most lines a prompts file may hold (each becomes a sequence held until it finishes).
+pub const MAX_PROMPT_LINES: usize = 100_000;
+
+impl Pipeline {
+    /// Reads a prompts file, one JSON object per line ([`PromptLine`]; blank lines skipped),
+    /// into requests with `base`'s settings under each line's own. Errors name the file and
+    /// the line.
+    pub fn requests_from_file(
+        &self,
+        path: &Path,
+        base: &RequestOptions,
+    ) -> Result<Vec<GenerateRequest>> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the prompts file {}", path.display()))?;
+        let mut reqs = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let at = || format!("{} line {}", path.display(), n + 1);
+            anyhow::ensure!(
+                reqs.len() < MAX_PROMPT_LINES,
+                "{}: more than {MAX_PROMPT_LINES} prompts",
+                path.display()
+            );
+            let l: PromptLine = serde_json::from_str(line).with_context(|| {
+                format!(
+                    "{}: not a prompt object like {{\"prompt\": \"Hello\", \"max_tokens\": 16}}",
+                    at()
+                )
+            })?;
+            let ids = match (&l.prompt, &l.prompt_ids) {
+                (Some(text), None) => self.encode_prompt(text, l.chat).with_context(at)?,
+                (None, Some(ids)) => ids.clone(),
+                _ => anyhow::bail!("{}: give exactly one of `prompt` and `prompt_ids`", at()),
+            };
+            let o = RequestOptions {
+                max_tokens: l.max_tokens.or(base.max_tokens),
+                temperature: l.temperature.or(base.temperature),
+                top_k: l.top_k.or(base.top_k),
+                top_p: l.top_p.or(base.top_p),
+                seed: l.seed.or(base.seed),
+                ..base.clone()
+            };
+            reqs.push(self.request(ids, &o));
+        }
+        anyhow::ensure!(
+            !reqs.is_empty(),
+            "{}: no prompts in the file",
+            path.display()
+        );
+        Ok(reqs)
+    }
+}

@@ -11,12 +11,14 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use engine::cache::{KvPool, ModelState};
-use engine::generate::{MtpOptions, PagedKv};
+use engine::generate::{self, BatchOptions, GenerateOutput, GenerateRequest, MtpOptions, PagedKv};
 use engine::layers::GdnPath;
+use engine::models::CausalLm;
+use engine::Session;
 use engine::{Backend, RequestOptions};
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4 (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, batch=2..64, session=reuse (combine keys with `+`)";
 
 /// The block limit of the pools `kv=paged` gives states driven directly (a million positions;
 /// pools grow only as far as they are used).
@@ -35,6 +37,12 @@ pub struct PathSpec {
     /// Speculative decoding with the checkpoint's MTP head, drafting this many tokens a round
     /// (plain decoding when unset).
     pub mtp: Option<u8>,
+    /// Run the request inside a continuous batch of this many requests (it and companions of
+    /// other lengths), as `engine generate --prompts` does.
+    pub batch: Option<u8>,
+    /// Run the request as the second turn of a session whose first turn was the prompt's
+    /// first half, so the cache is reused instead of prefilling from scratch.
+    pub session_reuse: bool,
 }
 
 /// How sliding-window layers keep their keys and values.
@@ -103,6 +111,26 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     _ => bail!("unknown value `{value}` for path key `mtp` in `{s}`; expected a draft depth of 1 to 4"),
                 });
             }
+            "batch" => {
+                if spec.batch.is_some() {
+                    bail!("path `{s}` sets `batch` twice");
+                }
+                spec.batch = Some(match value.trim().parse::<u8>() {
+                    Ok(n) if (2..=64).contains(&n) => n,
+                    _ => bail!("unknown value `{value}` for path key `batch` in `{s}`; expected a batch size of 2 to 64"),
+                });
+            }
+            "session" => {
+                if spec.session_reuse {
+                    bail!("path `{s}` sets `session` twice");
+                }
+                match value.trim() {
+                    "reuse" => spec.session_reuse = true,
+                    _ => bail!(
+                        "unknown value `{value}` for path key `session` in `{s}`; expected: reuse"
+                    ),
+                }
+            }
             "backend" => {
                 if spec.backend.is_some() {
                     bail!("path `{s}` sets `backend` twice");
@@ -152,6 +180,41 @@ impl PathSpec {
         });
     }
 
+    /// Runs `req` the way this path says: alone, inside a batch with companions, or as the
+    /// second turn of a session. The output is `req`'s own (what every path must agree on).
+    pub fn generate(&self, model: &dyn CausalLm, req: &GenerateRequest) -> Result<GenerateOutput> {
+        if self.batch.is_some() && self.session_reuse {
+            bail!("path {self}: `batch` and `session` do not combine");
+        }
+        if let Some(n) = self.batch {
+            // Companions: the same prompt cut to other lengths and shifted, with other
+            // budgets, so sequences join and leave around `req` at different steps.
+            let mut reqs = vec![req.clone()];
+            let ids = &req.prompt_ids;
+            for c in 1..n as usize {
+                let mut r = req.clone();
+                let len = (ids.len() * (c % 4 + 1)).div_ceil(4).max(1);
+                r.prompt_ids = ids[..len].iter().rev().copied().collect();
+                r.max_tokens = req.max_tokens / 2 + 3 * c;
+                reqs.push(r);
+            }
+            let opts = BatchOptions {
+                max_batch: n as usize,
+            };
+            let mut outs = generate::generate_batch(model, &reqs, opts, |_, _| {})?;
+            return Ok(outs.swap_remove(0));
+        }
+        if self.session_reuse {
+            let mut session = Session::new(model);
+            let mut first = req.clone();
+            first.prompt_ids.truncate(req.prompt_ids.len().div_ceil(2));
+            first.max_tokens = 3;
+            session.generate(&first, |_| {})?;
+            return Ok(session.generate(req, |_| {})?.output);
+        }
+        generate::generate(model, req, |_| {})
+    }
+
     /// The same for a fresh state driven through `CausalLm::forward` directly.
     pub fn apply_state(&self, state: ModelState) -> Result<ModelState> {
         let mut state = match self.kv {
@@ -183,6 +246,12 @@ impl fmt::Display for PathSpec {
         }
         if let Some(d) = self.mtp {
             keys.push(format!("mtp={d}"));
+        }
+        if let Some(n) = self.batch {
+            keys.push(format!("batch={n}"));
+        }
+        if self.session_reuse {
+            keys.push("session=reuse".to_string());
         }
         if keys.is_empty() {
             write!(f, "default")
@@ -217,6 +286,8 @@ mod tests {
             "backend=mlx+gdn=perstep+kv=rotating",
             "mtp=2",
             "gdn=perstep+mtp=4",
+            "kv=paged+batch=8",
+            "gdn=chunked+session=reuse",
         ] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }
@@ -240,12 +311,24 @@ mod tests {
             e.contains("unknown path key `paged`") && e.contains("gdn=auto|perstep|chunked"),
             "{e}"
         );
+        for (bad, want) in [
+            ("batch=1", "batch size of 2 to 64"),
+            ("batch=65", "batch size of 2 to 64"),
+            ("session=fresh", "expected: reuse"),
+            ("batch=2+batch=3", "twice"),
+        ] {
+            let e = parse_path(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
         for bad in ["mtp=on", "mtp=0", "mtp=5"] {
             let e = parse_path(bad).unwrap_err().to_string();
             assert!(e.contains("draft depth of 1 to 4"), "{e}");
         }
         let e = parse_path("kv=pages").unwrap_err().to_string();
-        assert!(e.contains("`pages`") && e.contains("rotating, flat, paged"), "{e}");
+        assert!(
+            e.contains("`pages`") && e.contains("rotating, flat, paged"),
+            "{e}"
+        );
         let e = parse_path("gdn=fast").unwrap_err().to_string();
         assert!(
             e.contains("`fast`") && e.contains("perstep, chunked"),

@@ -190,6 +190,30 @@ impl RunArgs {
                 ],
             ),
             (
+                "parity default vs batch=8+kv=paged (qwen3:tiny)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "qwen3:tiny",
+                    "--a",
+                    "default",
+                    "--b",
+                    "batch=8+kv=paged",
+                ],
+            ),
+            (
+                "parity default vs session=reuse (qwen3_5:tiny:f32:hf)",
+                vec![
+                    "parity",
+                    "--synth",
+                    "qwen3_5:tiny:f32:hf",
+                    "--a",
+                    "default",
+                    "--b",
+                    "session=reuse",
+                ],
+            ),
+            (
                 "parity kv=flat vs kv=rotating (gemma4:tiny)",
                 vec![
                     "parity",

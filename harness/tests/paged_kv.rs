@@ -17,7 +17,9 @@ fn load(spec: &str) -> Pipeline {
 
 fn prompt(p: &Pipeline, n: u32, salt: u32) -> Vec<u32> {
     let vocab = p.tokenizer.vocab_size() as u32 - 8;
-    (0..n).map(|i| (i * 7919 + salt * 31 + 13) % vocab).collect()
+    (0..n)
+        .map(|i| (i * 7919 + salt * 31 + 13) % vocab)
+        .collect()
 }
 
 fn run(p: &Pipeline, ids: &[u32], opts: RequestOptions) -> GenerateOutput {
@@ -140,7 +142,11 @@ fn equal_prefixes_share_blocks_and_the_last_user_frees_them() {
     m.forward(&ids, &mut b, false).unwrap();
     m.forward(&prompt(&p, 5, 9), &mut b, false).unwrap();
     assert_eq!(table(&a)[..3], table(&b)[..3], "full prefix blocks shared");
-    assert_ne!(table(&a)[3], table(&b)[3], "the partial block is each one's own");
+    assert_ne!(
+        table(&a)[3],
+        table(&b)[3],
+        "the partial block is each one's own"
+    );
     // a: 4 blocks; b: the 3 shared + its own 4th and 5th (35 positions).
     assert!(
         pool.usage().iter().all(|u| (u.used, u.shared) == (6, 3)),
@@ -160,8 +166,14 @@ fn equal_prefixes_share_blocks_and_the_last_user_frees_them() {
     m.forward(&ids, &mut flat, false).unwrap();
     m.forward(&prompt(&p, 5, 9), &mut flat, false).unwrap();
     assert_eq!(
-        m.forward(&[7], &mut b, false).unwrap().to_vec_f32().unwrap(),
-        m.forward(&[7], &mut flat, false).unwrap().to_vec_f32().unwrap()
+        m.forward(&[7], &mut b, false)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap(),
+        m.forward(&[7], &mut flat, false)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
     );
     drop((b, c));
     assert!(pool.usage().iter().all(|u| u.used == 0));
@@ -181,18 +193,32 @@ fn a_trim_into_a_shared_block_copies_it_before_writing() {
     // b rolls back into its last (shared) block and writes other tokens there.
     assert!(b.trim_to(20).unwrap());
     let other = prompt(&p, 4, 6);
-    let got = m.forward(&other, &mut b, false).unwrap().to_vec_f32().unwrap();
+    let got = m
+        .forward(&other, &mut b, false)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
     assert_ne!(table(&a)[2], table(&b)[2], "copied on write");
     // a is untouched: its continuation equals a flat cache's, and so is b's.
     let mut flat = m.new_state();
     m.forward(&ids[..20], &mut flat, false).unwrap();
-    let want = m.forward(&other, &mut flat, false).unwrap().to_vec_f32().unwrap();
+    let want = m
+        .forward(&other, &mut flat, false)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
     assert_eq!(got, want);
     let mut flat_a = m.new_state();
     m.forward(&ids, &mut flat_a, false).unwrap();
     assert_eq!(
-        m.forward(&[3], &mut a, false).unwrap().to_vec_f32().unwrap(),
-        m.forward(&[3], &mut flat_a, false).unwrap().to_vec_f32().unwrap()
+        m.forward(&[3], &mut a, false)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap(),
+        m.forward(&[3], &mut flat_a, false)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
     );
     pool.check_consistent().unwrap();
 }
@@ -213,7 +239,9 @@ fn an_exhausted_pool_is_an_error_that_leaves_it_consistent() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("KV block pool of layer") && err.contains("exhausted") && err.contains("--kv-blocks"),
+        err.contains("KV block pool of layer")
+            && err.contains("exhausted")
+            && err.contains("--kv-blocks"),
         "{err}"
     );
     pool.check_consistent().unwrap();

@@ -57,6 +57,33 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     cpu::matmul::matmul(x, w)
 }
 
+/// [`matmul`] for `x` `[M, K]` whose rows are separate sequences (a batched decode step): each
+/// row's result is bit-identical to a one-row [`matmul`] of that row. On the CPU the rows go
+/// through the decode kernel, whose rows do not depend on each other, in groups of at most
+/// [`cpu::matmul::DECODE_MAX_M`] (one weight read per group instead of per row); on other
+/// devices one row at a time.
+pub fn matmul_rows(x: &Tensor, w: &Weight) -> Result<Tensor> {
+    let m = x.dim(0);
+    let group = if x.device() == crate::Device::Cpu && w.device() == crate::Device::Cpu {
+        cpu::matmul::DECODE_MAX_M
+    } else {
+        1
+    };
+    if x.dims() != 2 || m <= group {
+        return matmul(x, w);
+    }
+    let parts = (0..m)
+        .step_by(group)
+        .map(|r| matmul(&x.narrow0(r, group.min(m - r))?, w))
+        .collect::<Result<Vec<_>>>()?;
+    let parts: Vec<Tensor> = parts
+        .iter()
+        .map(|p| p.to_device(crate::Device::Cpu))
+        .collect::<Result<_>>()?;
+    let t = Tensor::cat0(&parts.iter().collect::<Vec<_>>())?;
+    t.to_device(x.device())
+}
+
 /// Rows `ids` of an embedding table `[vocab, D]` in any weight format; returns `[T, D]`.
 pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= w.rows()) {
@@ -222,7 +249,7 @@ pub fn attention_paged(
     (table, block): (&[u32], usize),
     p: &AttnParams,
 ) -> Result<Tensor> {
-    let pool_blocks = if block == 0 { 0 } else { k.dim(1) / block };
+    let pool_blocks = k.dim(1).checked_div(block).unwrap_or(0);
     let ok = q.dims() == 3
         && k.dims() == 3
         && k.shape() == v.shape()

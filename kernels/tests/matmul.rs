@@ -288,6 +288,27 @@ fn decode_rows_do_not_depend_on_their_neighbours() {
 }
 
 #[test]
+fn matmul_rows_gives_each_row_its_one_row_result() {
+    // 13 rows: two full groups of the decode kernel and a partial one.
+    for (fi, f) in all_formats().into_iter().enumerate() {
+        let (m, n, k) = (13, 70, 128);
+        let w = random_weight(f, n, k, 170 + fi as u64);
+        let xs = random_x(m, k, 180 + fi as u64);
+        let x = Tensor::from_f32(&[m, k], xs.clone()).unwrap();
+        let got = ops::matmul_rows(&x, &w).unwrap();
+        assert_eq!(got.shape(), &[m, n]);
+        for i in 0..m {
+            let row = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
+            assert_eq!(
+                &got.f32s().unwrap()[i * n..(i + 1) * n],
+                ops::matmul(&row, &w).unwrap().f32s().unwrap(),
+                "format {fi}: row {i} of a batch differs from the row alone"
+            );
+        }
+    }
+}
+
+#[test]
 fn batched_input_keeps_leading_dims() {
     let w = random_weight(Format::Affine(4, 32, DType::F32), 5, 64, 1);
     let x = Tensor::from_f32(&[2, 3, 64], random_x(6, 64, 2)).unwrap();

@@ -143,7 +143,7 @@ impl ModelState {
                 .iter()
                 .map(|l| match l {
                     LayerState::Kv(c) => LayerMark::Kv(c.pos()),
-                    other => LayerMark::Saved(other.clone()),
+                    other => LayerMark::Saved(Box::new(other.clone())),
                 })
                 .collect(),
         }
@@ -159,7 +159,7 @@ impl ModelState {
         for (l, m) in self.layers.iter_mut().zip(&mark.layers) {
             match (l, m) {
                 (LayerState::Kv(c), LayerMark::Kv(pos)) => c.truncate(*pos)?,
-                (l, LayerMark::Saved(saved)) if l.kind() == saved.kind() => *l = saved.clone(),
+                (l, LayerMark::Saved(saved)) if l.kind() == saved.kind() => *l = (**saved).clone(),
                 (l, _) => bail!("a state mark from another state: layer holds {}", l.kind()),
             }
         }
@@ -224,5 +224,5 @@ enum LayerMark {
     /// A KV cache's position.
     Kv(usize),
     /// A state that cannot be trimmed, as it was.
-    Saved(LayerState),
+    Saved(Box<LayerState>),
 }

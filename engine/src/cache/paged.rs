@@ -131,11 +131,19 @@ impl KvPool {
             let p = lock(p);
             let mut free = vec![false; p.refs.len()];
             for &b in &p.free {
-                ensure!(!free[b as usize], "layer {}: block {b} is free twice", p.layer);
+                ensure!(
+                    !free[b as usize],
+                    "layer {}: block {b} is free twice",
+                    p.layer
+                );
                 free[b as usize] = true;
             }
             for (b, (&r, &f)) in p.refs.iter().zip(&free).enumerate() {
-                ensure!((r == 0) == f, "layer {}: block {b} has {r} users but free = {f}", p.layer);
+                ensure!(
+                    (r == 0) == f,
+                    "layer {}: block {b} has {r} users but free = {f}",
+                    p.layer
+                );
             }
             for (&h, &b) in &p.by_hash {
                 ensure!(
@@ -299,7 +307,8 @@ impl Pages {
         let p = &mut *guard;
         let b = p.block;
         let partial = self.len % b;
-        let last_shared = partial > 0 && p.refs[*self.table.last().expect("partial block") as usize] > 1;
+        let last_shared =
+            partial > 0 && p.refs[*self.table.last().expect("partial block") as usize] > 1;
         let need = (self.len + t).div_ceil(b) - self.table.len() + usize::from(last_shared);
         if need > p.free.len() {
             bail!(
@@ -361,13 +370,17 @@ impl Pages {
 
     /// Forgets positions from `pos` on, releasing the blocks past it.
     pub fn truncate(&mut self, pos: usize) -> Result<()> {
-        ensure!(pos <= self.len, "cannot trim a paged KV cache of {} positions to {pos}", self.len);
+        ensure!(
+            pos <= self.len,
+            "cannot trim a paged KV cache of {} positions to {pos}",
+            self.len
+        );
         let mut p = lock(&self.pool);
         let b = p.block;
         for blk in self.table.drain(pos.div_ceil(b)..) {
             p.release(blk);
         }
-        if pos % b != 0 {
+        if !pos.is_multiple_of(b) {
             // The last block becomes partial, and will be written: it no longer matches its
             // hash. A block others hold keeps it (this table copies before writing).
             let last = *self.table.last().expect("pos > 0");

@@ -1,6 +1,7 @@
 //! The prefill/decode loop: validates a request against the model, prefills the prompt (in
 //! pieces when asked), then decodes until a stop token or the token budget.
 
+pub mod batch;
 pub mod rng;
 pub mod sampler;
 pub mod speculative;
@@ -13,6 +14,7 @@ use kernels::ops;
 use crate::cache::ModelState;
 use crate::layers::GdnPath;
 use crate::models::CausalLm;
+pub use batch::{generate_batch, BatchOptions};
 pub use sampler::{Sampler, SamplingParams};
 pub use speculative::{ForcedDrafts, MtpOptions, MtpStats};
 

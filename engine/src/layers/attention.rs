@@ -47,13 +47,37 @@ impl GqaAttention {
         Ok(())
     }
 
-    /// `x` is `[T, hidden]` at absolute positions `cache.len ..`; appends to the cache.
+    /// `x` is `[T, hidden]` at absolute positions `cache.pos() ..`; appends to the cache.
     pub fn forward(&self, x: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.run(x, &mut [cache], false)
+    }
+
+    /// One decode step of several sequences: row `i` of `x` `[N, hidden]` is the new token of
+    /// the sequence whose cache is `caches[i]`. Every row's result equals that sequence's
+    /// [`GqaAttention::forward`] alone: projections run through `Linear::forward_rows`, and
+    /// RoPE, the cache and attention per sequence.
+    pub fn forward_batch(&self, x: &Tensor, caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        anyhow::ensure!(
+            x.dim(0) == caches.len(),
+            "a batched decode step has {} rows for {} sequences",
+            x.dim(0),
+            caches.len()
+        );
+        self.run(x, caches, true)
+    }
+
+    /// `rows`: one row per cache (a batch), else every row belongs to the only cache.
+    fn run(&self, x: &Tensor, caches: &mut [&mut KvCache], rows: bool) -> Result<Tensor> {
         let c = &self.cfg;
         let t = x.dim(0);
-        let start = cache.pos();
-        let positions: Vec<usize> = (start..start + t).collect();
-        let q_all = self.q_proj.forward(x)?;
+        let proj = |l: &Linear, x: &Tensor| {
+            if rows {
+                l.forward_rows(x)
+            } else {
+                l.forward(x)
+            }
+        };
+        let q_all = proj(&self.q_proj, x)?;
         let (q, gate) = if self.output_gate {
             // Per head the projection holds [query (D) | gate (D)].
             let both = q_all.reshape(&[t * c.heads, 2, c.head_dim])?;
@@ -65,14 +89,8 @@ impl GqaAttention {
         } else {
             (q_all.reshape(&[t, c.heads, c.head_dim])?, None)
         };
-        let k = self
-            .k_proj
-            .forward(x)?
-            .reshape(&[t, c.kv_heads, c.head_dim])?;
-        let v = self
-            .v_proj
-            .forward(x)?
-            .reshape(&[t, c.kv_heads, c.head_dim])?;
+        let k = proj(&self.k_proj, x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let v = proj(&self.v_proj, x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,
@@ -81,9 +99,6 @@ impl GqaAttention {
             Some(n) => n.forward(&k)?,
             None => k,
         };
-        let q = self.rope.forward(&q, &positions)?;
-        let k = self.rope.forward(&k, &positions)?;
-        cache.append(&k, &v)?;
         let p = AttnParams {
             q_start: 0,
             kv_len: 0,
@@ -91,14 +106,27 @@ impl GqaAttention {
             window: c.window,
             softcap: c.softcap,
         };
-        let o = cache
-            .attend(&q, start, p)?
-            .reshape(&[t, c.heads * c.head_dim])?;
+        let per = if rows { 1 } else { t };
+        let mut outs = Vec::with_capacity(caches.len());
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let pick = |a: &Tensor| if rows { a.narrow0(i, 1) } else { Ok(a.clone()) };
+            let start = cache.pos();
+            let positions: Vec<usize> = (start..start + per).collect();
+            let q = self.rope.forward(&pick(&q)?, &positions)?;
+            let k = self.rope.forward(&pick(&k)?, &positions)?;
+            cache.append(&k, &pick(&v)?)?;
+            outs.push(cache.attend(&q, start, p)?);
+        }
+        let o = match outs.len() {
+            1 => outs.pop().expect("one output"),
+            _ => Tensor::cat0(&outs.iter().collect::<Vec<_>>())?,
+        }
+        .reshape(&[t, c.heads * c.head_dim])?;
         let o = match gate {
             Some(g) => ops::mul(&o, &ops::sigmoid(&g)?)?,
             None => o,
         };
-        self.o_proj.forward(&o)
+        proj(&self.o_proj, &o)
     }
 }
 

@@ -57,7 +57,16 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = ops::matmul(x, &self.weight)?;
+        self.biased(ops::matmul(x, &self.weight)?)
+    }
+
+    /// [`Linear::forward`] for `x` `[N, K]` whose rows are separate sequences (a batched decode
+    /// step): each row's result equals that row alone (`ops::matmul_rows`).
+    pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
+        self.biased(ops::matmul_rows(x, &self.weight)?)
+    }
+
+    fn biased(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.bias {
             Some(b) => ops::add(&y, b)?,
             None => y,

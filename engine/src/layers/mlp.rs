@@ -40,4 +40,10 @@ impl SwiGlu {
         let h = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
         self.down.forward(&h)
     }
+
+    /// [`SwiGlu::forward`] for rows of separate sequences (see [`Linear::forward_rows`]).
+    pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
+        let h = ops::swiglu(&self.gate.forward_rows(x)?, &self.up.forward_rows(x)?)?;
+        self.down.forward_rows(&h)
+    }
 }

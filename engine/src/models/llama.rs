@@ -321,4 +321,36 @@ impl CausalLm for Llama {
         };
         super::lm_logits_with(&x, &self.norm, &self.lm_head, all_logits, tail)
     }
+
+    /// The decode step of several sequences with the weights read once per group of rows
+    /// (`Linear::forward_rows`); attention per sequence. On the CPU only: elsewhere the
+    /// sequences run one by one.
+    fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
+        if self.device() != kernels::Device::Cpu || ids.len() != states.len() || ids.len() < 2 {
+            return super::decode_each(self, ids, states);
+        }
+        let s = self.scales;
+        let mut x = scaled(ops::embedding(&self.embed, ids)?, s.embed)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let mut caches = states
+                .iter_mut()
+                .map(|st| st.layers[i].kv_mut())
+                .collect::<Result<Vec<_>>>()?;
+            let h = block
+                .attn
+                .forward_batch(&block.input_norm.forward(&x)?, &mut caches)?;
+            x = ops::add(&x, &scaled(h, s.residual)?)?;
+            let h = block.mlp.forward_rows(&block.post_norm.forward(&x)?)?;
+            x = ops::add(&x, &scaled(h, s.residual)?)?;
+        }
+        for st in states.iter_mut() {
+            st.pos += 1;
+            st.settle()?;
+        }
+        let tail = super::Tail {
+            scale: s.logits,
+            softcap: None,
+        };
+        super::lm_logits_rows(&x, &self.norm, &self.lm_head, tail)
+    }
 }

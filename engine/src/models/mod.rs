@@ -94,6 +94,34 @@ pub trait CausalLm: Send + Sync {
     fn drafter(&self) -> Option<&dyn SelfDrafter> {
         None
     }
+
+    /// One decode step of several sequences: `ids[i]` is the next token of `states[i]`.
+    /// Returns the logits `[N, V]` on the host, row `i` equal (bit for bit) to what
+    /// [`CausalLm::forward`] of that token alone gives. By default the sequences run one after
+    /// another; families that batch (reading each weight once for all rows) override it.
+    fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
+        decode_each(self, ids, states)
+    }
+}
+
+/// [`CausalLm::decode_batch`] one sequence at a time.
+pub fn decode_each<M: CausalLm + ?Sized>(
+    model: &M,
+    ids: &[u32],
+    states: &mut [&mut ModelState],
+) -> Result<Tensor> {
+    anyhow::ensure!(
+        ids.len() == states.len() && !ids.is_empty(),
+        "a batched decode step needs one token per sequence ({} tokens, {} sequences)",
+        ids.len(),
+        states.len()
+    );
+    let rows = ids
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(&id, s)| model.forward(&[id], s, false))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat0(&rows.iter().collect::<Vec<_>>())?)
 }
 
 /// A model that drafts its own next tokens (Qwen3.5's multi-token-prediction head): the head
@@ -186,11 +214,36 @@ pub fn lm_logits_with(
     } else {
         x.narrow0(x.dim(0) - 1, 1)?
     };
-    let mut h = norm.forward(&x)?;
+    head_logits(&x, norm, lm_head, tail, false)
+}
+
+/// [`lm_logits_with`] over every row of `x`, each row a separate sequence (a batched decode
+/// step): each row's logits equal that row alone.
+pub fn lm_logits_rows(
+    x: &Tensor,
+    norm: &crate::layers::RmsNorm,
+    lm_head: &kernels::Weight,
+    tail: Tail,
+) -> Result<Tensor> {
+    head_logits(x, norm, lm_head, tail, true)
+}
+
+fn head_logits(
+    x: &Tensor,
+    norm: &crate::layers::RmsNorm,
+    lm_head: &kernels::Weight,
+    tail: Tail,
+    rows: bool,
+) -> Result<Tensor> {
+    let mut h = norm.forward(x)?;
     if let Some(s) = tail.scale {
         h = kernels::ops::scale(&h, s)?;
     }
-    let mut logits = kernels::ops::matmul(&h, lm_head)?;
+    let mut logits = if rows {
+        kernels::ops::matmul_rows(&h, lm_head)?
+    } else {
+        kernels::ops::matmul(&h, lm_head)?
+    };
     if let Some(c) = tail.softcap {
         logits = kernels::ops::softcap(&logits, c)?;
     }

@@ -49,25 +49,27 @@ pub const MATRIX: &[Row] = &[
     },
     // Paged KV (full-attention layers in blocks of 16): an attention-only family, the Gated
     // DeltaNet hybrid, the conv hybrid, and Gemma 4 (paged full layers beside rotating ones).
+    // Batches (the case's request among companions that join and leave around it) and
+    // sessions (the case's prompt as the second turn, its first half cached by the first).
     Row {
         family: "qwen3",
         formats: &[Format::Bf16, Format::Q4],
-        paths: &["kv=paged"],
+        paths: &["kv=paged", "batch=8", "session=reuse"],
     },
     Row {
         family: "qwen3_5",
         formats: &[Format::F32],
-        paths: &["kv=paged"],
+        paths: &["kv=paged", "batch=4+kv=paged", "session=reuse"],
     },
     Row {
         family: "lfm2",
         formats: &[Format::Q4],
-        paths: &["kv=paged"],
+        paths: &["kv=paged", "batch=3"],
     },
     Row {
         family: "gemma4",
         formats: &[Format::F32],
-        paths: &["kv=paged"],
+        paths: &["kv=paged", "session=reuse"],
     },
     Row {
         family: "lfm2",

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 pub use engine::Backend;
-use engine::{generate, Pipeline, RequestOptions};
+use engine::{Pipeline, RequestOptions};
 
 pub use cases::{Case, MATRIX, MAX_TOKENS, PROMPTS};
 pub use file::{checkpoint_sha256, Golden};
@@ -183,7 +183,7 @@ fn run_case(
     };
     case.path.apply(&mut opts);
     let req = pipeline.request(prompt_ids.clone(), &opts);
-    let out = generate::generate(pipeline.model.as_ref(), &req, |_| {})?;
+    let out = case.path.generate(pipeline.model.as_ref(), &req)?;
     let text = pipeline.tokenizer.decode(&out.tokens, false)?;
     Ok(Golden {
         case: case.id(),

@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use engine::{generate, Pipeline, RequestOptions};
+use engine::{Pipeline, RequestOptions};
 use serde::{Serialize, Serializer};
 
 use crate::backends::Loaded;
@@ -218,7 +218,7 @@ fn run_path(
         ..Default::default()
     };
     path.apply(&mut opts);
-    let out = generate::generate(model, &pipeline.request(prompt.to_vec(), &opts), |_| {})?;
+    let out = path.generate(model, &pipeline.request(prompt.to_vec(), &opts))?;
     Ok((logits, out.tokens))
 }
 

@@ -10,7 +10,7 @@ pub mod record;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use engine::generate::{generate, GenerateOutput};
+use engine::generate::GenerateOutput;
 use engine::{Pipeline, RequestOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
@@ -94,7 +94,7 @@ impl TtftRunner {
         path.apply(&mut opts);
         let pipeline = self.models.for_path(path)?;
         let req = pipeline.request(prompt_ids, &opts);
-        generate(pipeline.model.as_ref(), &req, |_| {})
+        path.generate(pipeline.model.as_ref(), &req)
     }
 }
 
