@@ -50,12 +50,7 @@ fn prompts_file_results_equal_single_runs() {
     )
     .unwrap();
     let model = fixture();
-    let base = [
-        "--model",
-        &model,
-        "--ignore-eos",
-        "--json",
-    ];
+    let base = ["--model", &model, "--ignore-eos", "--json"];
     let (ok, out, err) = engine(
         &[
             &["generate"][..],

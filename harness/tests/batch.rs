@@ -1,8 +1,9 @@
 //! Batches (issue 12): eight different requests (lengths, budgets, greedy and sampled) run as
 //! one continuous batch give each request exactly what it gets alone — tokens and log-probs —
-//! for the families that decode rows together (the Llama family: qwen3, llama, minicpm) and
-//! for those that run the batch one sequence at a time, with flat and paged KV, with a batch
-//! smaller than the request count (so sequences leave and join midway) and one that holds all.
+//! for the families that decode rows together (the Llama family: qwen3, llama, minicpm; and
+//! Qwen3.5 dense and MoE) and for one that runs the batch a sequence at a time (Gemma 4), with
+//! flat and paged KV, with a batch smaller than the request count (so sequences leave and join
+//! midway) and one that holds all.
 
 use engine::generate::{self, BatchOptions, GenerateRequest, PagedKv};
 use engine::{Pipeline, RequestOptions};
@@ -46,6 +47,8 @@ fn a_batch_of_eight_equals_eight_single_runs() {
         "llama:tiny:bf16:hf",
         "minicpm:tiny:f32:hf",
         "qwen3_5:tiny:f32:hf",
+        "qwen3_5:tiny:bf16:hf",
+        "qwen3_5_moe:tiny:q4:mlx",
         "gemma4:tiny:f32:hf",
     ] {
         let p = load(spec);

@@ -231,13 +231,73 @@ impl GatedDeltaNet {
 
     /// Runs `x` `[T, hidden]` after the tokens `state` has seen; updates `state`.
     pub fn forward(&self, x: &Tensor, state: &mut RecurrentState, path: GdnPath) -> Result<Tensor> {
-        let c = &self.cfg;
-        let t = x.dim(0);
-        let qkv = self.in_proj_qkv.forward(x)?;
-        let z = self.in_proj_z.forward(x)?;
-        let b = self.in_proj_b.forward(x)?;
-        let a = self.in_proj_a.forward(x)?;
+        let [qkv, z, b, a] = self.project(x, false)?;
+        let y = self.mix([qkv, z, b, a], state, path)?;
+        self.out_proj.forward(&y)
+    }
 
+    /// One decode step of several sequences: row `i` of `x` `[N, hidden]` is the new token of
+    /// the sequence whose state is `states[i]`. Each row equals that sequence's
+    /// [`GatedDeltaNet::forward`] alone: the projections read each weight once for a group of
+    /// rows (`Linear::forward_rows`), the conv and the delta rule run per sequence.
+    pub fn forward_batch(
+        &self,
+        x: &Tensor,
+        states: &mut [&mut RecurrentState],
+        path: GdnPath,
+    ) -> Result<Tensor> {
+        anyhow::ensure!(
+            x.dim(0) == states.len(),
+            "a batched decode step has {} rows for {} sequences",
+            x.dim(0),
+            states.len()
+        );
+        let proj = self.project(x, true)?;
+        let ys = states
+            .iter_mut()
+            .enumerate()
+            .map(|(i, st)| {
+                let row = |t: &Tensor| t.narrow0(i, 1);
+                let one = [
+                    row(&proj[0])?,
+                    row(&proj[1])?,
+                    row(&proj[2])?,
+                    row(&proj[3])?,
+                ];
+                self.mix(one, st, path)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.out_proj
+            .forward_rows(&Tensor::cat0(&ys.iter().collect::<Vec<_>>())?)
+    }
+
+    /// The input projections `[qkv, z, b, a]`; `rows`: each row a separate sequence.
+    fn project(&self, x: &Tensor, rows: bool) -> Result<[Tensor; 4]> {
+        let p = |l: &Linear| {
+            if rows {
+                l.forward_rows(x)
+            } else {
+                l.forward(x)
+            }
+        };
+        Ok([
+            p(&self.in_proj_qkv)?,
+            p(&self.in_proj_z)?,
+            p(&self.in_proj_b)?,
+            p(&self.in_proj_a)?,
+        ])
+    }
+
+    /// From the projections of `T` tokens of one sequence to the gated output `[T, Vw]`
+    /// (before `out_proj`): conv, q/k normalisation, the delta rule, gated norm.
+    fn mix(
+        &self,
+        [qkv, z, b, a]: [Tensor; 4],
+        state: &mut RecurrentState,
+        path: GdnPath,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let t = qkv.dim(0);
         let mixed = ops::causal_conv1d(&qkv, &self.conv_weight, &mut state.conv, true)?;
         let (kw, vw) = (c.key_width(), c.value_width());
         let q = mixed.narrow(1, 0, kw)?.reshape(&[t, c.k_heads, c.k_dim])?;
@@ -259,7 +319,7 @@ impl GatedDeltaNet {
 
         let z = z.reshape(&[t, c.v_heads, c.v_dim])?;
         let y = ops::swiglu(&z, &self.norm.forward(&y)?)?;
-        self.out_proj.forward(&y.reshape(&[t, vw])?)
+        Ok(y.reshape(&[t, vw])?)
     }
 
     /// The delta rule on the chosen path. A chunked result that is not finite is recomputed

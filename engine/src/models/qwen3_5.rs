@@ -127,6 +127,21 @@ impl Mlp {
         }
     }
 
+    /// [`Mlp::forward`] for rows of separate sequences, each equal to its row alone: dense
+    /// MLPs batch the rows; sparse ones run row by row (rows sharing an expert would otherwise
+    /// meet in one larger expert matmul, which rounds differently).
+    pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Dense(m) => m.forward_rows(x),
+            Mlp::Sparse(m) => {
+                let rows = (0..x.dim(0))
+                    .map(|i| m.forward(&x.narrow0(i, 1)?))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat0(&rows.iter().collect::<Vec<_>>())?)
+            }
+        }
+    }
+
     pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
         match self {
             Mlp::Dense(m) => m.to_device(device),
@@ -160,6 +175,36 @@ impl DecoderLayer {
         };
         let x = ops::add(x, &h)?;
         let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        Ok(ops::add(&x, &h)?)
+    }
+
+    /// One decode step of several sequences (row `i` of `x` is sequence `i`'s token, `states`
+    /// their states of this layer); each row equals that sequence's [`DecoderLayer::forward`].
+    pub fn forward_batch(
+        &self,
+        x: &Tensor,
+        states: &mut [&mut LayerState],
+        gdn: GdnPath,
+    ) -> Result<Tensor> {
+        let h = self.input_norm.forward(x)?;
+        let h = match &self.mixer {
+            Mixer::Linear(g) => {
+                let mut s = states
+                    .iter_mut()
+                    .map(|l| l.recurrent_mut())
+                    .collect::<Result<Vec<_>>>()?;
+                g.forward_batch(&h, &mut s, gdn)?
+            }
+            Mixer::Full(a) => {
+                let mut c = states
+                    .iter_mut()
+                    .map(|l| l.kv_mut())
+                    .collect::<Result<Vec<_>>>()?;
+                a.forward_batch(&h, &mut c)?
+            }
+        };
+        let x = ops::add(x, &h)?;
+        let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
         Ok(ops::add(&x, &h)?)
     }
 
@@ -701,6 +746,33 @@ impl CausalLm for Qwen3_5 {
 
     fn drafter(&self) -> Option<&dyn SelfDrafter> {
         self.mtp.as_ref().map(|_| self as &dyn SelfDrafter)
+    }
+
+    /// The decode step of several sequences with the weights read once per group of rows
+    /// (dense projections and MLPs); the conv, the delta rule, attention and the experts per
+    /// sequence. On the CPU only: elsewhere the sequences run one by one.
+    fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
+        let same_path = states.windows(2).all(|w| w[0].gdn_path == w[1].gdn_path);
+        let fits = states.iter().all(|s| s.layers.len() == self.layers.len());
+        if self.device() != kernels::Device::Cpu
+            || ids.len() != states.len()
+            || ids.len() < 2
+            || !same_path
+            || !fits
+        {
+            return super::decode_each(self, ids, states);
+        }
+        let path = states[0].gdn_path;
+        let mut x = ops::embedding(&self.embed, ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut ls: Vec<&mut LayerState> =
+                states.iter_mut().map(|s| &mut s.layers[i]).collect();
+            x = layer.forward_batch(&x, &mut ls, path)?;
+        }
+        for s in states.iter_mut() {
+            s.pos += 1;
+        }
+        super::lm_logits_rows(&x, &self.norm, &self.lm_head, super::Tail::default())
     }
 }
 
