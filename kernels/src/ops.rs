@@ -194,38 +194,8 @@ pub fn rope_with_base(
 /// the first `p.kv_len` positions are valid; `Hq` must be a multiple of `Hk`. Returns
 /// `[T, Hq, D]`.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
-    let ok = q.dims() == 3
-        && k.dims() == 3
-        && k.shape() == v.shape()
-        && q.dim(2) == k.dim(2)
-        && k.dim(0) > 0
-        && q.dim(1).is_multiple_of(k.dim(0))
-        && p.kv_len <= k.dim(1)
-        && p.q_start + q.dim(0) <= p.kv_len;
-    if !ok {
-        return shape_err(
-            "attention",
-            format!(
-                "q {:?}, k {:?}, v {:?}, q_start {}, kv_len {}",
-                q.shape(),
-                k.shape(),
-                v.shape(),
-                p.q_start,
-                p.kv_len
-            ),
-        );
-    }
-    if p.window == Some(0) {
-        return crate::error::invalid("attention", "a sliding window must hold at least 1 key");
-    }
-    if let Some(c) = p.softcap {
-        if !(c > 0.0 && c.is_finite()) {
-            return crate::error::invalid(
-                "attention",
-                format!("softcap must be finite and > 0, got {c}"),
-            );
-        }
-    }
+    let fits = k.dims() == 3 && p.kv_len <= k.dim(1);
+    check_attention("attention", (q, k, v), p, fits, String::new)?;
     #[cfg(feature = "mlx")]
     if on_mlx(&[q, k, v]) {
         return crate::mlx::more::attention(q, k, v, p);
@@ -235,6 +205,49 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<T
         return crate::cuda::attention(q, k, v, p);
     }
     cpu::attention::attention(q, k, v, p)
+}
+
+/// The checks both attention ops share: shapes (`q` `[T, Hq, D]`, `k` = `v` `[Hk, _, D]`,
+/// `Hk` dividing `Hq`, the queries inside the keys), the op's own cache layout (`layout_ok`,
+/// described by `layout`), the window and the soft-cap.
+fn check_attention(
+    op: &'static str,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    p: &AttnParams,
+    layout_ok: bool,
+    layout: impl FnOnce() -> String,
+) -> Result<()> {
+    let ok = q.dims() == 3
+        && k.dims() == 3
+        && k.shape() == v.shape()
+        && q.dim(2) == k.dim(2)
+        && k.dim(0) > 0
+        && q.dim(1).is_multiple_of(k.dim(0))
+        && layout_ok
+        && p.q_start + q.dim(0) <= p.kv_len;
+    if !ok {
+        return shape_err(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?}{}, q_start {}, kv_len {}",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                layout(),
+                p.q_start,
+                p.kv_len
+            ),
+        );
+    }
+    if p.window == Some(0) {
+        return crate::error::invalid(op, "a sliding window must hold at least 1 key");
+    }
+    if let Some(c) = p.softcap {
+        if !(c > 0.0 && c.is_finite()) {
+            return crate::error::invalid(op, format!("softcap must be finite and > 0, got {c}"));
+        }
+    }
+    Ok(())
 }
 
 /// [`attention`] over a paged KV cache: `k`, `v` are block pools `[Hk, Blocks·B, D]` holding
@@ -249,38 +262,13 @@ pub fn attention_paged(
     (table, block): (&[u32], usize),
     p: &AttnParams,
 ) -> Result<Tensor> {
-    let pool_blocks = k.dim(1).checked_div(block).unwrap_or(0);
-    let ok = q.dims() == 3
-        && k.dims() == 3
-        && k.shape() == v.shape()
-        && q.dim(2) == k.dim(2)
-        && k.dim(0) > 0
-        && q.dim(1).is_multiple_of(k.dim(0))
+    let table_ok = k.dims() == 3
         && block > 0
         && k.dim(1).is_multiple_of(block)
         && p.kv_len <= table.len() * block
-        && table.iter().all(|&b| (b as usize) < pool_blocks)
-        && p.q_start + q.dim(0) <= p.kv_len;
-    if !ok {
-        return shape_err(
-            "attention_paged",
-            format!(
-                "q {:?}, pool {:?} / {:?} in blocks of {block}, {} table entries, q_start {}, kv_len {}",
-                q.shape(),
-                k.shape(),
-                v.shape(),
-                table.len(),
-                p.q_start,
-                p.kv_len
-            ),
-        );
-    }
-    if p.window == Some(0) {
-        return crate::error::invalid(
-            "attention_paged",
-            "a sliding window must hold at least 1 key",
-        );
-    }
+        && table.iter().all(|&b| (b as usize) < k.dim(1) / block);
+    let layout = || format!(", {} table entries in blocks of {block}", table.len());
+    check_attention("attention_paged", (q, k, v), p, table_ok, layout)?;
     #[cfg(feature = "mlx")]
     if on_mlx(&[q, k, v]) {
         return crate::mlx::more::attention_paged(q, k, v, (table, block), p);
