@@ -236,7 +236,12 @@ mod tests {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))));
         let (q4, _) = cases(Some("qwen3:tiny:q4")).unwrap();
-        assert_eq!(q4.len(), PROMPTS.len(), "only qwen3 (not qwen3_5) in q4");
+        assert!(
+            q4.iter().all(|c| c.id().starts_with("qwen3:tiny:q4:")),
+            "only qwen3 (not qwen3_5) in q4"
+        );
+        let (q4, _) = cases(Some("qwen3:tiny:q4:mlx/default")).unwrap();
+        assert_eq!(q4.len(), PROMPTS.len(), "one path");
         assert_eq!(q4[0].file_name(), "qwen3-tiny-q4-mlx.default.short.json");
     }
 }
