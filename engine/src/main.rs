@@ -156,7 +156,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     block_size: u32,
     /// The most blocks each layer's pool hands out with --kv paged; running out is an error
-    /// [default: enough for the whole context].
+    /// [default: enough for the whole context; with --prompts, for every prompt and budget at once].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
     kv_blocks: Option<u64>,
 }
