@@ -63,14 +63,10 @@ impl KvCache {
             kv_len: self.len,
             ..p
         };
-        Ok(match &self.pages {
-            Some(pages) => {
-                let (k, v) = pages.tensors();
-                let (table, block) = pages.table();
-                ops::attention_paged(q, &k, &v, (&table, block), &p)?
-            }
-            None => ops::attention(q, &self.k, &self.v, &p)?,
-        })
+        match &self.pages {
+            Some(pages) => pages.attend(q, &p),
+            None => Ok(ops::attention(q, &self.k, &self.v, &p)?),
+        }
     }
 
     /// A rotating cache for a layer that attends over a window of `window` positions.

@@ -51,7 +51,6 @@ pub struct PoolUsage {
 #[derive(Debug, Clone)]
 pub struct KvPool {
     layers: Vec<Option<Arc<Mutex<LayerPool>>>>,
-    block: usize,
     blocks: usize,
 }
 
@@ -87,15 +86,7 @@ impl KvPool {
                 _ => None,
             })
             .collect();
-        Ok(KvPool {
-            layers,
-            block,
-            blocks,
-        })
-    }
-
-    pub fn block_size(&self) -> usize {
-        self.block
+        Ok(KvPool { layers, blocks })
     }
 
     /// A new, empty table into layer `i`'s pool, when that layer is paged.
@@ -269,22 +260,9 @@ fn content_hash(index: usize, rows: &[f32]) -> u64 {
 }
 
 impl Pages {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The table (pool block per logical block) and the block size.
     pub fn table(&self) -> (Vec<u32>, usize) {
         (self.table.clone(), lock(&self.pool).block)
-    }
-
-    /// The pool's block count limit.
-    pub fn pool_blocks(&self) -> usize {
-        lock(&self.pool).refs.len()
     }
 
     /// Bytes of the blocks this table holds (shared blocks counted in full).
@@ -293,10 +271,17 @@ impl Pages {
         2 * self.table.len() * p.block * p.k.dim(0) * p.k.dim(2) * std::mem::size_of::<f32>()
     }
 
-    /// The pool's K and V tensors (for attention; cheap copy-on-write handles).
-    pub fn tensors(&self) -> (Tensor, Tensor) {
-        let p = lock(&self.pool);
-        (p.k.clone(), p.v.clone())
+    /// Attends `q` over the positions this table holds (`p` complete), reading the pool
+    /// through the table in place.
+    pub fn attend(&self, q: &Tensor, p: &ops::AttnParams) -> Result<Tensor> {
+        let pool = lock(&self.pool);
+        Ok(ops::attention_paged(
+            q,
+            &pool.k,
+            &pool.v,
+            (&self.table, pool.block),
+            p,
+        )?)
     }
 
     /// Appends `k`, `v` `[T, Hk, D]` at position `len`.

@@ -17,8 +17,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use kernels::Tensor;
 
-use super::{check_finite, finished, top_logprobs, FinishReason, GenerateOutput, GenerateRequest};
-use super::{validate, Sampler};
+use super::{finished, prefill, state_in, validate, Decoding};
+use super::{FinishReason, GenerateOutput, GenerateRequest};
 use crate::cache::{KvPool, ModelState};
 use crate::models::CausalLm;
 
@@ -34,12 +34,9 @@ struct Running {
     /// Which request.
     index: usize,
     state: ModelState,
-    sampler: Sampler,
-    tokens: Vec<u32>,
-    top: Option<Vec<Vec<(u32, f32)>>>,
+    decoding: Decoding,
     /// The logits its next token comes from.
     logits: Tensor,
-    budget: usize,
     ttft: f64,
     decode_start: Instant,
     /// Pool blocks reserved for it (paged KV).
@@ -129,28 +126,14 @@ pub fn generate_batch(
                 break;
             }
             waiting.pop_front();
-            let mut state = model.new_state();
-            if req.flat_kv {
-                state = state.with_flat_kv()?;
-            }
-            if let Some((pool, _)) = &pool {
-                state = state.with_paged_kv(pool)?;
-            }
-            state.gdn_path = req.gdn_path;
-            let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
-            let mut logits = None;
-            for piece in req.prompt_ids.chunks(step) {
-                logits = Some(model.forward(piece, &mut state, false)?);
-            }
+            let mut state = state_in(model, req, pool.as_ref().map(|(p, _)| p))?;
+            let logits = prefill(model, &req.prompt_ids, &mut state, req.prefill_step)?;
             reserved += need;
             running.push(Running {
                 index: i,
                 state,
-                sampler: Sampler::new(req.sampling),
-                tokens: Vec::new(),
-                top: (req.top_logprobs > 0).then(Vec::new),
-                logits: logits.expect("prompts are non-empty"),
-                budget: budget(req),
+                decoding: Decoding::new(req, budget(req)),
+                logits,
                 ttft: start.elapsed().as_secs_f64(),
                 decode_start: Instant::now(),
                 reserved: need,
@@ -162,18 +145,17 @@ pub fn generate_batch(
         while r < running.len() {
             let seq = &mut running[r];
             let req = &reqs[seq.index];
-            let done = match step(model, req, seq)? {
-                Some(tok) => {
+            let done = match seq.decoding.next(model, req, &seq.logits, seq.state.pos)? {
+                Ok(tok) => {
                     on_token(seq.index, tok);
-                    if seq.tokens.len() == seq.budget {
+                    if seq.decoding.tokens.len() == seq.decoding.budget {
                         Some(FinishReason::Length)
                     } else {
                         next.push(tok);
                         None
                     }
                 }
-                None if seq.tokens.len() == seq.budget => Some(FinishReason::Length),
-                None => Some(FinishReason::Stop),
+                Err(reason) => Some(reason),
             };
             match done {
                 Some(reason) => {
@@ -182,11 +164,11 @@ pub fn generate_batch(
                     let decode_secs = seq.decode_start.elapsed().as_secs_f64();
                     outputs[seq.index] = Some(finished(
                         req,
-                        seq.tokens,
+                        seq.decoding.tokens,
                         reason,
                         (seq.ttft, decode_secs),
                         seq.state.kv_bytes(),
-                        seq.top,
+                        seq.decoding.top,
                         None,
                     ));
                 }
@@ -206,25 +188,4 @@ pub fn generate_batch(
         .into_iter()
         .map(|o| o.expect("every request finishes"))
         .collect())
-}
-
-/// Samples one sequence's next token from its logits, as the plain loop does: `None` when it
-/// stops (a stop token) or has no budget left.
-fn step(model: &dyn CausalLm, req: &GenerateRequest, seq: &mut Running) -> Result<Option<u32>> {
-    if seq.tokens.len() >= seq.budget {
-        return Ok(None);
-    }
-    if let Some(top) = seq.top.as_mut() {
-        top.push(top_logprobs(model, &seq.logits, req.top_logprobs)?);
-    }
-    check_finite(&seq.logits, seq.state.pos)?;
-    let tok = seq.sampler.sample(&seq.logits)?;
-    if req.stop_ids.contains(&tok) {
-        if let Some(top) = seq.top.as_mut() {
-            top.pop();
-        }
-        return Ok(None);
-    }
-    seq.tokens.push(tok);
-    Ok(Some(tok))
 }

@@ -61,19 +61,99 @@ impl Default for PagedKv {
 /// A fresh state set up as `req` asks: flat or rotating sliding-window caches, paged or flat
 /// full-attention caches (a new pool), the GDN path.
 pub fn fresh_state(model: &dyn CausalLm, req: &GenerateRequest) -> Result<ModelState> {
+    let pool = match req.paged_kv {
+        Some(p) => {
+            let blocks = p
+                .blocks
+                .unwrap_or_else(|| model.info().context_length.div_ceil(p.block_size.max(1)) + 1);
+            Some(crate::cache::KvPool::for_state(
+                &model.new_state(),
+                p.block_size,
+                blocks,
+            )?)
+        }
+        None => None,
+    };
+    state_in(model, req, pool.as_ref())
+}
+
+/// [`fresh_state`] paging its full-attention caches into `pool` when given (a batch shares
+/// one pool across its sequences).
+pub(crate) fn state_in(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    pool: Option<&crate::cache::KvPool>,
+) -> Result<ModelState> {
     let mut state = model.new_state();
     if req.flat_kv {
         state = state.with_flat_kv()?;
     }
-    if let Some(p) = req.paged_kv {
-        let blocks = p
-            .blocks
-            .unwrap_or_else(|| model.info().context_length.div_ceil(p.block_size.max(1)) + 1);
-        let pool = crate::cache::KvPool::for_state(&state, p.block_size, blocks)?;
-        state = state.with_paged_kv(&pool)?;
+    if let Some(pool) = pool {
+        state = state.with_paged_kv(pool)?;
     }
     state.gdn_path = req.gdn_path;
     Ok(state)
+}
+
+/// Feeds `ids` to the model in pieces of at most `step` tokens (all at once when `None`);
+/// returns the last piece's logits. `ids` must not be empty.
+pub(crate) fn prefill(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    state: &mut ModelState,
+    step: Option<usize>,
+) -> Result<kernels::Tensor> {
+    let mut logits = None;
+    for piece in ids.chunks(step.unwrap_or(ids.len()).max(1)) {
+        logits = Some(model.forward(piece, state, false)?);
+    }
+    Ok(logits.expect("prefill of a non-empty prompt"))
+}
+
+/// What a sequence has generated so far, and how it picks its next token.
+pub(crate) struct Decoding {
+    pub sampler: Sampler,
+    pub tokens: Vec<u32>,
+    pub top: Option<Vec<Vec<(u32, f32)>>>,
+    pub budget: usize,
+}
+
+impl Decoding {
+    pub fn new(req: &GenerateRequest, budget: usize) -> Decoding {
+        Decoding {
+            sampler: Sampler::new(req.sampling),
+            tokens: Vec::new(),
+            top: (req.top_logprobs > 0).then(Vec::new),
+            budget,
+        }
+    }
+
+    /// Picks the token after position `pos` from its `logits` (recording log-probs when
+    /// asked). `Err(reason)` when the sequence ends instead: a stop token, or no budget left.
+    pub fn next(
+        &mut self,
+        model: &dyn CausalLm,
+        req: &GenerateRequest,
+        logits: &kernels::Tensor,
+        pos: usize,
+    ) -> Result<std::result::Result<u32, FinishReason>> {
+        if self.tokens.len() >= self.budget {
+            return Ok(Err(FinishReason::Length));
+        }
+        if let Some(top) = self.top.as_mut() {
+            top.push(top_logprobs(model, logits, req.top_logprobs)?);
+        }
+        check_finite(logits, pos)?;
+        let tok = self.sampler.sample(logits)?;
+        if req.stop_ids.contains(&tok) {
+            if let Some(top) = self.top.as_mut() {
+                top.pop();
+            }
+            return Ok(Err(FinishReason::Stop));
+        }
+        self.tokens.push(tok);
+        Ok(Ok(tok))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -264,8 +344,6 @@ pub(crate) fn continue_plain(
 ) -> Result<GenerateOutput> {
     let start = Instant::now();
     let context = model.info().context_length;
-    let budget = req.max_tokens.min(context - req.prompt_ids.len());
-    let mut sampler = Sampler::new(req.sampling);
     let rest = req.prompt_ids.get(state.pos..).unwrap_or_default();
     if rest.is_empty() {
         bail!(
@@ -274,48 +352,32 @@ pub(crate) fn continue_plain(
             req.prompt_ids.len()
         );
     }
-    let step = req.prefill_step.unwrap_or(rest.len());
-    // Grown as tokens come: the budget may be a context length of millions.
-    let mut tokens = Vec::new();
-    let mut top = (req.top_logprobs > 0).then(Vec::new);
-    let mut finish = FinishReason::Length;
-    let mut logits = None;
-    for piece in rest.chunks(step) {
-        logits = Some(model.forward(piece, state, false)?);
-    }
-    let mut logits = logits.expect("the rest of the prompt is non-empty");
+    let mut logits = prefill(model, rest, state, req.prefill_step)?;
     after_prefill(state);
     let ttft = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
-
-    while tokens.len() < budget {
-        if let Some(top) = top.as_mut() {
-            top.push(top_logprobs(model, &logits, req.top_logprobs)?);
-        }
-        check_finite(&logits, state.pos)?;
-        let next = sampler.sample(&logits)?;
-        if req.stop_ids.contains(&next) {
-            finish = FinishReason::Stop;
-            if let Some(top) = top.as_mut() {
-                top.pop();
+    // Grown as tokens come: the budget may be a context length of millions.
+    let mut d = Decoding::new(req, req.max_tokens.min(context - req.prompt_ids.len()));
+    let finish = loop {
+        match d.next(model, req, &logits, state.pos)? {
+            Err(reason) => break reason,
+            Ok(next) => {
+                on_token(next);
+                if d.tokens.len() == d.budget {
+                    break FinishReason::Length;
+                }
+                logits = model.forward(&[next], state, false)?;
             }
-            break;
         }
-        tokens.push(next);
-        on_token(next);
-        if tokens.len() == budget {
-            break;
-        }
-        logits = model.forward(&[next], state, false)?;
-    }
+    };
     let decode_secs = decode_start.elapsed().as_secs_f64();
     Ok(finished(
         req,
-        tokens,
+        d.tokens,
         finish,
         (ttft, decode_secs),
         state.kv_bytes(),
-        top,
+        d.top,
         None,
     ))
 }
