@@ -39,6 +39,8 @@ pub struct RequestOptions {
     pub mtp: Option<MtpOptions>,
     /// Paged KV for full-attention layers.
     pub paged_kv: Option<PagedKv>,
+    /// The CPU kernels' arithmetic (`exact` unless asked).
+    pub numerics: kernels::cpu::numerics::Numerics,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -127,6 +129,7 @@ impl Pipeline {
             flat_kv: o.flat_kv,
             mtp: o.mtp.clone(),
             paged_kv: o.paged_kv,
+            numerics: o.numerics,
         }
     }
 }

@@ -16,9 +16,10 @@ use engine::layers::GdnPath;
 use engine::models::CausalLm;
 use engine::Session;
 use engine::{Backend, RequestOptions};
+use kernels::cpu::numerics::Numerics;
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, batch=2..64, session=reuse (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
 
 /// The block limit of the pools `kv=paged` gives states driven directly (a million positions;
 /// pools grow only as far as they are used).
@@ -43,6 +44,9 @@ pub struct PathSpec {
     /// Run the request as the second turn of a session whose first turn was the prompt's
     /// first half, so the cache is reused instead of prefilling from scratch.
     pub session_reuse: bool,
+    /// The CPU kernels' arithmetic (`exact` when unset; `fast` quantizes decode activations
+    /// for 4-bit weights, see `kernels::cpu::numerics`).
+    pub numerics: Option<Numerics>,
 }
 
 /// How sliding-window layers keep their keys and values.
@@ -131,6 +135,14 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     ),
                 }
             }
+            "numerics" => {
+                if spec.numerics.is_some() {
+                    bail!("path `{s}` sets `numerics` twice");
+                }
+                spec.numerics = Some(Numerics::from_str(value.trim()).map_err(|_| {
+                    anyhow::anyhow!("unknown value `{value}` for path key `numerics` in `{s}`; expected one of: exact, fast")
+                })?);
+            }
             "backend" => {
                 if spec.backend.is_some() {
                     bail!("path `{s}` sets `backend` twice");
@@ -173,6 +185,7 @@ impl PathSpec {
     pub fn apply(&self, opts: &mut RequestOptions) {
         opts.gdn_path = Some(self.gdn_path());
         opts.flat_kv = self.kv == Some(KvLayout::Flat);
+        opts.numerics = self.numerics.unwrap_or_default();
         opts.paged_kv = (self.kv == Some(KvLayout::Paged)).then(PagedKv::default);
         opts.mtp = self.mtp.map(|depth| MtpOptions {
             depth: depth as usize,
@@ -253,6 +266,9 @@ impl fmt::Display for PathSpec {
         if self.session_reuse {
             keys.push("session=reuse".to_string());
         }
+        if let Some(n) = self.numerics {
+            keys.push(format!("numerics={n}"));
+        }
         if keys.is_empty() {
             write!(f, "default")
         } else {
@@ -288,6 +304,8 @@ mod tests {
             "gdn=perstep+mtp=4",
             "kv=paged+batch=8",
             "gdn=chunked+session=reuse",
+            "numerics=fast",
+            "kv=paged+batch=8+numerics=exact",
         ] {
             assert_eq!(parse_path(s).unwrap().to_string(), s);
         }

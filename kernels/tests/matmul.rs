@@ -432,3 +432,141 @@ fn empty_inputs_give_empty_outputs() {
     assert_eq!(ops::matmul(&x, &w).unwrap().shape(), &[0, 4]);
     assert_eq!(ops::embedding(&w, &[]).unwrap().shape(), &[0, 32]);
 }
+
+// ---- instruction sets and the `fast` numerics -------------------------------------------
+
+use kernels::cpu::isa;
+use kernels::cpu::numerics::{self, Numerics};
+
+fn bits_of(t: &Tensor) -> Vec<u32> {
+    t.f32s().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// `ops::matmul` with the kernels capped at `level` and on numerics `n`.
+fn matmul_at(level: &str, n: Numerics, x: &Tensor, w: &Weight) -> Tensor {
+    isa::with_cap(level, || numerics::with(n, || ops::matmul(x, w).unwrap())).unwrap()
+}
+
+#[test]
+fn every_instruction_set_gives_the_same_bits() {
+    // Decode shapes (every row count the decode kernel takes) and a prefill shape; k values
+    // that end in a partial block of 32 lanes (dense) or of 8 groups (the fast path).
+    let cases = [
+        (Format::Dense(DType::F32), 100),
+        (Format::Dense(DType::BF16), 100),
+        (Format::Dense(DType::BF16), 256),
+        (Format::Dense(DType::F16), 96),
+        (Format::Affine(4, 64, DType::BF16), 704),
+        (Format::Affine(4, 64, DType::F32), 1024),
+        (Format::Affine(4, 32, DType::F16), 256),
+        (Format::Affine(8, 64, DType::F32), 256),
+        (Format::Fp(QuantMode::Mxfp4), 256),
+    ];
+    for (ci, (f, k)) in cases.into_iter().enumerate() {
+        let w = random_weight(f, 37, k, 40 + ci as u64);
+        for m in [1, 2, 3, 4, 5, 7] {
+            let x = Tensor::from_f32(&[m, k], random_x(m, k, 41 + m as u64)).unwrap();
+            for n in [Numerics::Exact, Numerics::Fast] {
+                let native = bits_of(&matmul_at("native", n, &x, &w));
+                for &level in isa::LEVELS {
+                    // The exact 4-bit affine decode kernel for AVX2 and up rounds differently
+                    // from the portable decode-then-dot (documented in qmatvec_avx2).
+                    let fused_exact = match f {
+                        Format::Affine(4, g, _) => n == Numerics::Exact || g != 64,
+                        _ => false,
+                    };
+                    if level == "portable" && fused_exact && m <= 5 && isa::Isa::detected().avx2 {
+                        continue;
+                    }
+                    let got = bits_of(&matmul_at(level, n, &x, &w));
+                    assert_eq!(got, native, "{f:?} k={k} m={m} {n} at {level}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_numerics_change_only_4bit_group64_decode() {
+    for (f, m) in [
+        (Format::Dense(DType::BF16), 1),
+        (Format::Affine(4, 32, DType::F32), 2),
+        (Format::Affine(8, 64, DType::F32), 1),
+        (Format::Affine(4, 64, DType::BF16), 6),
+    ] {
+        let w = random_weight(f, 19, 256, 60);
+        let x = Tensor::from_f32(&[m, 256], random_x(m, 256, 61)).unwrap();
+        let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
+        let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
+        assert_eq!(exact, fast, "{f:?} m={m}");
+    }
+    let w = random_weight(Format::Affine(4, 64, DType::BF16), 19, 256, 60);
+    let x = Tensor::from_f32(&[1, 256], random_x(1, 256, 61)).unwrap();
+    let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
+    let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
+    assert_ne!(
+        exact, fast,
+        "the fast path must actually run for 4-bit group 64"
+    );
+}
+
+#[test]
+fn fast_numerics_stay_within_the_activation_rounding_bound() {
+    // Quantizing x to int8 per group of 64 moves each element by at most amax_g / 254, so
+    // |fast − exact| ≤ Σ_g amax_g/254 · Σ_{j∈g} |w_j| (plus f32 rounding). A wrong nibble or
+    // lane order breaks this by orders of magnitude.
+    let (n, k) = (29, 704);
+    for dt in [DType::BF16, DType::F32] {
+        let w = random_weight(Format::Affine(4, 64, dt), n, k, 70);
+        let wr = reference(&w);
+        for m in 1..=5 {
+            let mut x = random_x(m, k, 71 + m as u64);
+            // One group with a large outlier and one all-zero group.
+            x[5] = 40.0;
+            x[64..128].iter_mut().for_each(|v| *v = 0.0);
+            let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
+            let y = matmul_at("native", Numerics::Fast, &xt, &w);
+            let y = y.f32s().unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut want, mut mag, mut bound) = (0.0f64, 0.0f64, 0.0f64);
+                    for g in 0..k / 64 {
+                        let xs = &x[i * k + g * 64..i * k + (g + 1) * 64];
+                        let amax = xs.iter().fold(0.0f64, |a, v| a.max(v.abs() as f64));
+                        for (c, &xv) in xs.iter().enumerate() {
+                            let wv = wr[j * k + g * 64 + c];
+                            want += xv as f64 * wv;
+                            mag += (xv as f64 * wv).abs();
+                            bound += amax / 254.0 * wv.abs();
+                        }
+                    }
+                    let got = y[i * n + j] as f64;
+                    let tol = 1.001 * bound + 1e-5 * mag;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{dt:?} m={m} row {i} col {j}: {got} vs {want} (bound {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_numerics_keep_nan_and_are_thread_independent() {
+    let w = random_weight(Format::Affine(4, 64, DType::BF16), 300, 256, 80);
+    let mut x = random_x(2, 256, 81);
+    let xt = Tensor::from_f32(&[2, 256], x.clone()).unwrap();
+    let one = in_pool(1, || matmul_at("native", Numerics::Fast, &xt, &w));
+    let two = in_pool(2, || matmul_at("native", Numerics::Fast, &xt, &w));
+    assert_eq!(bits_of(&one), bits_of(&two));
+    x[300] = f32::NAN;
+    let xt = Tensor::from_f32(&[2, 256], x).unwrap();
+    let y = matmul_at("native", Numerics::Fast, &xt, &w);
+    let y = y.f32s().unwrap();
+    assert!(y[..300].iter().all(|v| v.is_finite()));
+    assert!(
+        y[300..].iter().all(|v| v.is_nan()),
+        "a NaN input row must stay NaN"
+    );
+}

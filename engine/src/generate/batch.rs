@@ -57,6 +57,16 @@ pub fn generate_batch(
     model: &dyn CausalLm,
     reqs: &[GenerateRequest],
     opts: BatchOptions,
+    on_token: impl FnMut(usize, u32),
+) -> Result<Vec<GenerateOutput>> {
+    let numerics = reqs.first().map(|r| r.numerics).unwrap_or_default();
+    kernels::cpu::numerics::with(numerics, || batch_on(model, reqs, opts, on_token))
+}
+
+fn batch_on(
+    model: &dyn CausalLm,
+    reqs: &[GenerateRequest],
+    opts: BatchOptions,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<GenerateOutput>> {
     let Some(first) = reqs.first() else {
@@ -74,7 +84,14 @@ pub fn generate_batch(
                 i + 1
             );
         }
-        if (r.paged_kv, r.flat_kv, r.gdn_path) != (first.paged_kv, first.flat_kv, first.gdn_path) {
+        if (r.paged_kv, r.flat_kv, r.gdn_path, r.numerics)
+            != (
+                first.paged_kv,
+                first.flat_kv,
+                first.gdn_path,
+                first.numerics,
+            )
+        {
             bail!(
                 "request {}: every request of a batch must use the same KV layout and GDN path",
                 i + 1

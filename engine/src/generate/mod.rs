@@ -9,6 +9,7 @@ pub mod speculative;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use kernels::cpu::numerics::{self, Numerics};
 use kernels::ops;
 
 use crate::cache::ModelState;
@@ -38,6 +39,9 @@ pub struct GenerateRequest {
     pub mtp: Option<MtpOptions>,
     /// Full-attention layers keep their KV in blocks of a pool instead of one flat buffer.
     pub paged_kv: Option<PagedKv>,
+    /// The CPU kernels' arithmetic: `exact` (f32 activations) or `fast` (int8 activations in
+    /// 4-bit decode products; see `kernels::cpu::numerics`). Other backends ignore it.
+    pub numerics: Numerics,
 }
 
 /// Paged KV settings (see [`crate::cache::paged`]).
@@ -275,6 +279,14 @@ fn finished(
 
 /// Runs one request to completion; `on_token` sees every generated token as it is produced.
 pub fn generate(
+    model: &dyn CausalLm,
+    req: &GenerateRequest,
+    on_token: impl FnMut(u32),
+) -> Result<GenerateOutput> {
+    numerics::with(req.numerics, || generate_on(model, req, on_token))
+}
+
+fn generate_on(
     model: &dyn CausalLm,
     req: &GenerateRequest,
     mut on_token: impl FnMut(u32),

@@ -71,6 +71,24 @@ pub const MATRIX: &[Row] = &[
         formats: &[Format::F32],
         paths: &["kv=paged", "session=reuse"],
     },
+    // The CPU's `fast` numerics (int8 activations in 4-bit decode products): its own goldens,
+    // CPU only. Tiny checkpoints end every row in a partial block of groups, so these run the
+    // scalar tail on every ISA; kernels/tests/matmul.rs covers the vector blocks.
+    Row {
+        family: "qwen3",
+        formats: &[Format::Q4],
+        paths: &["numerics=fast", "batch=4+numerics=fast"],
+    },
+    Row {
+        family: "qwen3_5",
+        formats: &[Format::Q4],
+        paths: &["gdn=chunked+numerics=fast"],
+    },
+    Row {
+        family: "qwen3_5_moe",
+        formats: &[Format::Q4],
+        paths: &["gdn=chunked+numerics=fast"],
+    },
     Row {
         family: "lfm2",
         formats: Format::ALL,
@@ -170,6 +188,12 @@ impl Case {
             clean(self.path.to_string()),
             self.prompt.name
         )
+    }
+
+    /// Whether the case belongs to `backend`'s goldens: a `numerics` path selects the CPU
+    /// kernels' arithmetic, so it has CPU goldens only.
+    pub fn runs_on(&self, backend: engine::Backend) -> bool {
+        backend == engine::Backend::Cpu || self.path.numerics.is_none()
     }
 
     /// Whether `filter` (a substring; empty or `None` matches all) selects this case, by id or

@@ -246,7 +246,8 @@ fn for_each_case(
     opts: &Options,
     mut visit: impl FnMut(&Case, &Path, Result<Golden>),
 ) -> Result<Vec<String>> {
-    let (cases, skipped) = cases::cases(opts.filter.as_deref())?;
+    let (mut cases, skipped) = cases::cases(opts.filter.as_deref())?;
+    cases.retain(|c| c.runs_on(opts.backend));
     let version = file::engine_version();
     let mut i = 0;
     while i < cases.len() {

@@ -62,6 +62,10 @@ pub struct CheckArgs {
     #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
     pub gdn: Option<GdnPath>,
 
+    /// CPU arithmetic: `exact`, or `fast` (int8 activations in 4-bit decode products).
+    #[arg(long, value_name = "exact|fast", default_value = "exact")]
+    pub numerics: kernels::cpu::numerics::Numerics,
+
     /// Largest |top-1 log-prob difference| over matched steps that passes.
     #[arg(long, value_name = "NATS", default_value_t = DEFAULT_LOGPROB_TOL)]
     pub logprob_tol: f32,
@@ -109,6 +113,7 @@ fn run_check(c: &CheckArgs) -> Result<()> {
         filter: c.filter.clone(),
         backend: c.backend,
         gdn: c.gdn,
+        numerics: c.numerics,
         logprob_tol: c.logprob_tol,
         ..Options::default()
     };

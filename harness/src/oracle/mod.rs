@@ -11,6 +11,7 @@
 pub mod cases;
 pub mod cli;
 
+use kernels::cpu::numerics::Numerics;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -207,7 +208,12 @@ pub fn compare(
 }
 
 /// Runs one case greedily (stop tokens ignored, as the reference does) and compares.
-fn run_case(p: &Pipeline, case: &RefCase, gdn: Option<GdnPath>) -> Result<CaseVerdict> {
+fn run_case(
+    p: &Pipeline,
+    case: &RefCase,
+    gdn: Option<GdnPath>,
+    numerics: Numerics,
+) -> Result<CaseVerdict> {
     let vocab = p.model.info().vocab_size;
     if let Some(&bad) = case.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("prompt id {bad} is outside the model's vocabulary ({vocab})");
@@ -218,6 +224,7 @@ fn run_case(p: &Pipeline, case: &RefCase, gdn: Option<GdnPath>) -> Result<CaseVe
         top_logprobs: 8,
         ignore_eos: true,
         gdn_path: gdn,
+        numerics,
         ..Default::default()
     };
     // The engine's own loop: it computes the top log-probs on the model's device (on MLX as
@@ -243,7 +250,10 @@ pub fn check_reference(
 ) -> Result<Vec<CaseVerdict>> {
     let r = Reference::read(reference)?;
     let p = Pipeline::load_on(dir, backend)?;
-    r.cases.iter().map(|case| run_case(&p, case, gdn)).collect()
+    r.cases
+        .iter()
+        .map(|case| run_case(&p, case, gdn, Numerics::Exact))
+        .collect()
 }
 
 /// What to check.
@@ -258,6 +268,9 @@ pub struct Options {
     /// One Gated DeltaNet path for every case; `None` = per step and chunked for models with
     /// Gated DeltaNet layers (the default path for the others).
     pub gdn: Option<GdnPath>,
+    /// The CPU kernels' arithmetic (`fast` is held to the same greedy-walk rule and
+    /// log-prob tolerance as `exact`).
+    pub numerics: Numerics,
     pub logprob_tol: f32,
 }
 
@@ -268,6 +281,7 @@ impl Default for Options {
             filter: None,
             backend: Backend::Cpu,
             gdn: None,
+            numerics: Numerics::Exact,
             logprob_tol: DEFAULT_LOGPROB_TOL,
         }
     }
@@ -471,7 +485,7 @@ fn check_source(
     match loaded {
         Ok(p) => {
             for (id, gdn, case) in ids {
-                let outcome = match run_case(&p, case, gdn) {
+                let outcome = match run_case(&p, case, gdn, opts.numerics) {
                     Ok(v) => Outcome::Compared(v),
                     Err(e) => Outcome::Error(format!("{e:#}")),
                 };

@@ -210,7 +210,10 @@ fn run_path(
     let pipeline = models.for_path(&path)?;
     let model = pipeline.model.as_ref();
     let mut state = path.apply_state(model.new_state())?;
-    let logits = model.forward(prompt, &mut state, false)?.to_vec_f32()?;
+    let numerics = path.numerics.unwrap_or_default();
+    let logits =
+        kernels::cpu::numerics::with(numerics, || model.forward(prompt, &mut state, false))?
+            .to_vec_f32()?;
     let mut opts = RequestOptions {
         max_tokens: Some(max_tokens),
         temperature: Some(0.0),

@@ -254,6 +254,14 @@ impl<'a> WeightRows<'a> {
         }
     }
 
+    /// The whole weight as stored, when it is dense bf16 (for kernels that widen it in registers).
+    pub(crate) fn bf16_dense(&self) -> Option<&'a [bf16]> {
+        match self.layout {
+            Layout::Dense(Floats::BF16(s)) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Rows `r0..r0 + n` as stored, when the weight already is f32 (read in place, no decode).
     #[inline(always)]
     pub fn f32_rows(&self, r0: usize, n: usize) -> Option<&'a [f32]> {

@@ -21,6 +21,8 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::dequant::WeightRows;
+use super::isa::Isa;
+use super::numerics::Numerics;
 use crate::error::shape_err;
 use crate::{Result, Tensor, Weight};
 
@@ -54,7 +56,7 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 
 /// The output buffer shared by tiles that write disjoint elements of it.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(*mut f32);
 // SAFETY: every tile writes only its own columns (a disjoint set of elements), and the buffer
 // outlives the parallel loop that uses it.
 unsafe impl Send for OutPtr {}
@@ -64,7 +66,7 @@ impl OutPtr {
     /// Element `i` of the buffer. Going through a method (not the field) makes closures capture
     /// the whole `Send` wrapper rather than the raw pointer inside it.
     #[inline(always)]
-    fn at(self, i: usize) -> *mut f32 {
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }
@@ -88,16 +90,18 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     *shape.last_mut().expect("checked dims above") = n;
     let mut out = vec![0.0f32; m * n];
     if m > 0 && n > 0 && k > 0 {
+        // Read once here, on the calling thread: the workers below see neither thread's cap.
+        let isa = Isa::current();
         if m <= DECODE_MAX_M {
-            matvec(xs, m, &rows, &mut out);
+            matvec(xs, m, &rows, &mut out, isa, Numerics::current());
         } else {
-            tiled_gemm(xs, m, &rows, &mut out);
+            tiled_gemm(xs, m, &rows, &mut out, isa);
         }
     }
     Tensor::from_f32(&shape, out)
 }
 
-fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) {
     let (n, k) = (w.rows(), w.cols());
     let dst = OutPtr(out.as_mut_ptr());
     let tile = |t: usize| {
@@ -133,7 +137,7 @@ fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
         match w.f32_rows(j0, nt) {
             Some(block) => run(block),
             None => with_scratch(nt * k, |buf| {
-                decode_tile(w, j0, buf);
+                decode_tile(w, j0, buf, isa);
                 run(buf)
             }),
         }
@@ -146,12 +150,13 @@ fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
     }
 }
 
-fn decode_tile(w: &WeightRows, r0: usize, buf: &mut [f32]) {
+fn decode_tile(w: &WeightRows, r0: usize, buf: &mut [f32], isa: Isa) {
     #[cfg(target_arch = "x86_64")]
-    if simd::has_avx2() {
+    if isa.avx2 {
         // SAFETY: the CPU supports AVX2 (checked above).
         return unsafe { simd::decode_rows_avx2(w, r0, buf) };
     }
+    let _ = isa;
     w.decode_rows(r0, buf)
 }
 
@@ -168,28 +173,44 @@ fn for_each_row_chunk(w: &WeightRows, per_chunk: impl Fn(usize, usize) + Sync + 
     }
 }
 
-fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32]) {
+fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa, numerics: Numerics) {
     let dst = OutPtr(out.as_mut_ptr());
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(a4), true) = (w.affine4(), simd::has_avx2()) {
-        let (n, k) = (w.rows(), w.cols());
-        let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
-        return for_each_row_chunk(w, |r0, r1| {
-            let mut row = [0.0f32; DECODE_MAX_M];
-            for r in r0..r1 {
-                // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums, and
-                // r < n.
-                unsafe { super::qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
-                for (i, &v) in row[..m].iter().enumerate() {
-                    // SAFETY: column r belongs to this chunk alone.
-                    unsafe { *dst.at(i * n + r) = v };
+    let (n, k) = (w.rows(), w.cols());
+    if let Some(a4) = w.affine4() {
+        if numerics == Numerics::Fast && a4.group == super::qmatvec_q8::GROUP {
+            let q = super::qmatvec_q8::quantize(xs, m, k);
+            // SAFETY: `out` is m x n and each chunk writes only its own columns.
+            return for_each_row_chunk(w, |r0, r1| unsafe {
+                super::qmatvec_q8::rows(&a4, r0, r1, &q, isa, n, dst)
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2 {
+            let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
+            return for_each_row_chunk(w, |r0, r1| {
+                let mut row = [0.0f32; DECODE_MAX_M];
+                for r in r0..r1 {
+                    // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums,
+                    // and r < n.
+                    unsafe { super::qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
+                    for (i, &v) in row[..m].iter().enumerate() {
+                        // SAFETY: column r belongs to this chunk alone.
+                        unsafe { *dst.at(i * n + r) = v };
+                    }
                 }
-            }
+            });
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
+        // SAFETY: AVX2 (and AVX-512 when asked) is present; each chunk writes only its columns.
+        return for_each_row_chunk(w, |r0, r1| unsafe {
+            super::matvec_bf16::rows(isa.avx512, xs, m, k, wb, n, r0, r1, dst)
         });
     }
     for_each_row_chunk(w, |r0, r1| {
         #[cfg(target_arch = "x86_64")]
-        if simd::has_avx2() {
+        if isa.avx2 {
             // SAFETY: AVX2 is present; the chunk writes only output columns r0..r1.
             return unsafe { simd::matvec_rows_avx2(xs, m, w, r0, r1, dst) };
         }
@@ -276,10 +297,6 @@ mod simd {
     //! would change the bits relative to the portable path.
     use super::{OutPtr, WeightRows};
 
-    pub fn has_avx2() -> bool {
-        std::is_x86_feature_detected!("avx2")
-    }
-
     #[target_feature(enable = "avx2")]
     pub unsafe fn decode_rows_avx2(w: &WeightRows, r0: usize, buf: &mut [f32]) {
         unsafe { w.decode_rows_avx2(r0, buf) }
@@ -313,7 +330,8 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     }
     let mut out = vec![0.0f32; ids.len() * d];
     if d > 0 {
-        let one = |(o, &id): (&mut [f32], &u32)| decode_tile(&rows, id as usize, o);
+        let isa = Isa::current();
+        let one = |(o, &id): (&mut [f32], &u32)| decode_tile(&rows, id as usize, o, isa);
         if out.len() < PARALLEL_MIN_ELEMS {
             out.chunks_mut(d).zip(ids).for_each(one);
         } else {

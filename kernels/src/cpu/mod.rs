@@ -8,12 +8,17 @@ pub mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
 pub mod gdn;
+pub mod isa;
 pub mod matmul;
+#[cfg(target_arch = "x86_64")]
+mod matvec_bf16;
 pub mod minifloat;
 pub mod moe;
 pub mod norm;
+pub mod numerics;
 #[cfg(target_arch = "x86_64")]
 mod qmatvec_avx2;
+pub(crate) mod qmatvec_q8;
 pub mod rope;
 pub mod select;
 pub mod unary;

@@ -26,16 +26,18 @@ pub fn recurrent(
     state: &mut Tensor,
 ) -> Result<Tensor> {
     let x = Inputs::new(q, k, v, g_log, beta)?;
-    let out = x.run_heads(state.f32s_mut()?, |h, s| run_head(&x, h, s));
+    let isa = crate::cpu::isa::Isa::current();
+    let out = x.run_heads(state.f32s_mut()?, |h, s| run_head(&x, h, s, isa));
     Tensor::from_f32(&[x.t, x.hv, x.dv], out)
 }
 
-fn run_head(x: &Inputs, h: usize, s: &mut [f32]) -> Vec<f32> {
+fn run_head(x: &Inputs, h: usize, s: &mut [f32], isa: crate::cpu::isa::Isa) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if isa.avx2 {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { run_head_avx2(x, h, s) };
     }
+    let _ = isa;
     run_tiles(x, h, s, step_row)
 }
 

@@ -1,0 +1,73 @@
+//! The CPU's two arithmetic paths for products with weights:
+//! - `exact` (the default): activations stay f32, every product is an f32 product; the path the
+//!   goldens, parity and the oracle were made on;
+//! - `fast`: decode-shaped products (at most `DECODE_MAX_M` rows) with 4-bit affine weights in
+//!   groups of 64 quantize the activations to int8 per group of 64 (scale = max|x| / 127,
+//!   round half to even) and sum integer products, as llama.cpp's Q8 activations do. Its
+//!   results differ from `exact` (its own goldens, key `numerics=fast`), but not between
+//!   instruction sets: the integer sums are exact, and the float steps after them run in one
+//!   fixed order on every ISA (VNNI, AVX2 and portable code give the same bits).
+//!
+//! The path is chosen per thread with [`with`] (the engine wraps a request in it), read once per
+//! op on the calling thread, so two requests on two threads may use different paths.
+
+use std::cell::Cell;
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Numerics {
+    #[default]
+    Exact,
+    Fast,
+}
+
+impl Numerics {
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Fast => "fast",
+        }
+    }
+
+    /// This thread's path.
+    pub fn current() -> Numerics {
+        CURRENT.with(Cell::get)
+    }
+}
+
+impl fmt::Display for Numerics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Numerics {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Numerics, String> {
+        match s.trim() {
+            "exact" => Ok(Numerics::Exact),
+            "fast" => Ok(Numerics::Fast),
+            other => Err(format!(
+                "unknown CPU numerics {other:?} (valid: exact, fast)"
+            )),
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Numerics> = const { Cell::new(Numerics::Exact) };
+}
+
+/// Runs `f` with this thread's CPU kernels on path `n`, restoring the previous path afterwards
+/// (even if `f` panics).
+pub fn with<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
+    struct Restore(Numerics);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(n)));
+    f()
+}

@@ -1,0 +1,451 @@
+//! The `fast` numerics' decode product with 4-bit affine weights in groups of 64: activations
+//! quantized to int8 per group, integer dot products against the 4-bit codes, one float
+//! multiply per group (see `numerics`).
+//!
+//! Per weight row `r` and input row `i`, with `q` the codes, `s`/`b` the weight's group scale and
+//! bias, `xq` the int8 activations and `sx` their group scale:
+//! `out = Σ_g (Σ_j q·xq as i32) as f32 · (s_g · sx_g)  +  Σ_g b_g · Σ_j x_j`.
+//!
+//! Only the integer sums run in an ISA-dependent order, and integer sums are exact. The float
+//! terms accumulate into 8 lanes per input row, lane `l` of each block of 8 groups taking
+//! group [`PERM`]`[l]` (the order the VNNI reduction yields them in), and so do the bias terms,
+//! in 8 lanes of their own; each set of lanes is summed in a fixed tree. Every ISA runs exactly
+//! those float operations, so VNNI, AVX2 and portable code agree bit for bit.
+//!
+//! Codes: byte `c` of a group's 32 packed bytes holds element `2c` (low nibble) and `2c + 1`
+//! (high nibble), so the activations are stored split into even and odd elements, and a byte
+//! vector's low and high nibbles meet them without any shuffle.
+
+use super::dequant::Affine4;
+use super::isa::Isa;
+use super::matmul::{OutPtr, DECODE_MAX_M};
+
+/// The group size this path handles (MLX's default for 4-bit).
+pub const GROUP: usize = 64;
+/// Lane `l` of a block of 8 groups accumulates group `PERM[l]` of the block.
+const PERM: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+/// Bytes of codes per group.
+const GB: usize = GROUP / 2;
+
+/// Input rows quantized for [`row_dot`].
+pub struct Q8Input {
+    m: usize,
+    groups: usize,
+    /// Even-indexed elements' codes, `[m, groups, 32]`.
+    xe: Vec<i8>,
+    /// Odd-indexed elements' codes, `[m, groups, 32]`.
+    xo: Vec<i8>,
+    /// Per group: the activation scale `max|x| / 127` (0 for an all-zero or non-finite group).
+    sx: Vec<f32>,
+    /// Per group: Σx in f32, left to right (carries NaN and inf through to the result).
+    xsum: Vec<f32>,
+    /// `sx` and `xsum` with each whole block of 8 groups in [`PERM`] order (for vector code).
+    sxp: Vec<f32>,
+    xsump: Vec<f32>,
+}
+
+/// Quantizes `m` rows of `k` (a multiple of [`GROUP`]).
+pub fn quantize(xs: &[f32], m: usize, k: usize) -> Q8Input {
+    let groups = k / GROUP;
+    let mut q = Q8Input {
+        m,
+        groups,
+        xe: vec![0; m * groups * GB],
+        xo: vec![0; m * groups * GB],
+        sx: vec![0.0; m * groups],
+        xsum: vec![0.0; m * groups],
+        sxp: Vec::new(),
+        xsump: Vec::new(),
+    };
+    for (gi, x) in xs[..m * k].chunks_exact(GROUP).enumerate() {
+        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let (sx, inv) = if amax > 0.0 && amax.is_finite() {
+            (amax / 127.0, 127.0 / amax)
+        } else {
+            (0.0, 0.0)
+        };
+        q.sx[gi] = sx;
+        q.xsum[gi] = x.iter().sum();
+        let code = |v: f32| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        for c in 0..GB {
+            q.xe[gi * GB + c] = code(x[2 * c]);
+            q.xo[gi * GB + c] = code(x[2 * c + 1]);
+        }
+    }
+    let permuted = |v: &[f32]| {
+        let mut p = v.to_vec();
+        for i in 0..m {
+            for blk in (0..groups / 8 * 8).step_by(8) {
+                for (l, &g) in PERM.iter().enumerate() {
+                    p[i * groups + blk + l] = v[i * groups + blk + g];
+                }
+            }
+        }
+        p
+    };
+    q.sxp = permuted(&q.sx);
+    q.xsump = permuted(&q.xsum);
+    q
+}
+
+/// Output columns `r0..r1` of the `[m, n]` product at `dst`, on the best path `isa` allows.
+///
+/// # Safety
+/// `dst` holds `m × n` floats, `r1 ≤ n` rows of `w`, and no other thread writes these columns.
+pub unsafe fn rows(
+    w: &Affine4,
+    r0: usize,
+    r1: usize,
+    q: &Q8Input,
+    isa: Isa,
+    n: usize,
+    dst: OutPtr,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.vnni && q.groups.is_multiple_of(8) {
+        // SAFETY: VNNI and AVX-512 are present; forwarded.
+        return unsafe { vnni::rows(w, r0, r1, q, n, dst) };
+    }
+    let mut out = [0.0f32; DECODE_MAX_M];
+    for r in r0..r1 {
+        row_dot(w, r, q, isa, &mut out);
+        for (i, &v) in out[..q.m].iter().enumerate() {
+            // SAFETY: (i, r) is inside the output and column r is ours.
+            unsafe { *dst.at(i * n + r) = v };
+        }
+    }
+}
+
+/// `out[i] = x_i · w_r` for every input row of `q`.
+fn row_dot(w: &Affine4, r: usize, q: &Q8Input, isa: Isa, out: &mut [f32; DECODE_MAX_M]) {
+    debug_assert_eq!(w.group, GROUP);
+    let mut lanes = [[0.0f32; 8]; DECODE_MAX_M];
+    let mut biases = [[0.0f32; 8]; DECODE_MAX_M];
+    // Groups the vector code covered (whole blocks of 8); the scalar step finishes the rest.
+    #[cfg(target_arch = "x86_64")]
+    let done = if isa.vnni {
+        // SAFETY: VNNI (and AVX-512) are present; r is a row of w and q has w's columns.
+        unsafe { vnni::blocks(w, r, q, &mut lanes, &mut biases) };
+        q.groups / 8 * 8
+    } else if isa.avx2 {
+        // SAFETY: AVX2 is present.
+        unsafe { avx2::blocks(w, r, q, &mut lanes, &mut biases) };
+        q.groups / 8 * 8
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = isa;
+        0
+    };
+    let g0 = r * q.groups;
+    for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(&mut biases).enumerate() {
+        let mut blk = done;
+        while blk < q.groups {
+            for (l, &p) in PERM.iter().enumerate() {
+                let g = blk + p;
+                if g < q.groups {
+                    let x = i * q.groups + g;
+                    add_term(
+                        lane,
+                        bias,
+                        l,
+                        group_isum(w, r, q, i, g),
+                        w,
+                        g0 + g,
+                        q.sx[x],
+                        q.xsum[x],
+                    );
+                }
+            }
+            blk += 8;
+        }
+        out[i] = super::tree_sum(*lane) + super::tree_sum(*bias);
+    }
+}
+
+/// The float step of one group, shared by every ISA: `lane[l] += isum · (s · sx)` and
+/// `bias[l] += b · Σx`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn add_term(
+    lane: &mut [f32; 8],
+    bias: &mut [f32; 8],
+    l: usize,
+    isum: i32,
+    w: &Affine4,
+    sg: usize,
+    sx: f32,
+    xsum: f32,
+) {
+    lane[l] += isum as f32 * (w.scales.get(sg) * sx);
+    bias[l] += w.biases.get(sg) * xsum;
+}
+
+/// Σ q·xq over group `g` of weight row `r` and input row `i`, in plain integer arithmetic.
+fn group_isum(w: &Affine4, r: usize, q: &Q8Input, i: usize, g: usize) -> i32 {
+    let words = &w.packed[(r * q.groups + g) * (GB / 4)..][..GB / 4];
+    let base = (i * q.groups + g) * GB;
+    let (xe, xo) = (&q.xe[base..base + GB], &q.xo[base..base + GB]);
+    let mut s = 0i32;
+    for c in 0..GB {
+        let byte = (words[c / 4] >> (8 * (c % 4))) & 0xFF;
+        s += (byte & 0xF) as i32 * xe[c] as i32 + (byte >> 4) as i32 * xo[c] as i32;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! Group sums with `vpmaddubsw` (u8 × i8 pairs into i16: at most 2·15·127, no saturation)
+    //! and `vpmaddwd`, then the shared scalar float step.
+    use std::arch::x86_64::*;
+
+    use super::{add_term, Affine4, Q8Input, DECODE_MAX_M, GB, PERM};
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn blocks(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+        lanes: &mut [[f32; 8]; DECODE_MAX_M],
+        biases: &mut [[f32; 8]; DECODE_MAX_M],
+    ) {
+        let nib = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let g0 = r * q.groups;
+        for blk in (0..q.groups / 8 * 8).step_by(8) {
+            for (l, &p) in PERM.iter().enumerate() {
+                let g = blk + p;
+                // SAFETY: group g of row r lies inside `packed` (8 words per group).
+                let wv = unsafe {
+                    _mm256_loadu_si256(w.packed.as_ptr().add((g0 + g) * (GB / 4)).cast())
+                };
+                let lo = _mm256_and_si256(wv, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
+                for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(biases.iter_mut()).enumerate()
+                {
+                    let base = (i * q.groups + g) * GB;
+                    // SAFETY: base + 32 ≤ xe.len() = xo.len().
+                    let (xe, xo) = unsafe {
+                        (
+                            _mm256_loadu_si256(q.xe.as_ptr().add(base).cast()),
+                            _mm256_loadu_si256(q.xo.as_ptr().add(base).cast()),
+                        )
+                    };
+                    let p16 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, xe),
+                        _mm256_maddubs_epi16(hi, xo),
+                    );
+                    let s = _mm256_madd_epi16(p16, ones);
+                    let h =
+                        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                    let h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+                    let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+                    let x = i * q.groups + g;
+                    let isum = _mm_cvtsi128_si32(h);
+                    add_term(lane, bias, l, isum, w, g0 + g, q.sx[x], q.xsum[x]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    //! Two groups per 512-bit load: `vpdpbusd` of the low and high nibbles against the even and
+    //! odd activations leaves 8 partial sums per group; four such vectors (8 groups) reduce to
+    //! one vector of 8 group sums in [`PERM`] order, which is converted, scaled and added to the
+    //! lanes with the same two roundings the scalar step makes.
+    use std::arch::x86_64::*;
+
+    use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
+    use crate::cpu::dequant::Floats;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn blocks(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+        lanes: &mut [[f32; 8]; DECODE_MAX_M],
+        biases: &mut [[f32; 8]; DECODE_MAX_M],
+    ) {
+        // SAFETY: forwarded; a const row count keeps the accumulators in registers.
+        unsafe {
+            match q.m {
+                1 => blocks_m::<1>(w, r, q, lanes, biases),
+                2 => blocks_m::<2>(w, r, q, lanes, biases),
+                3 => blocks_m::<3>(w, r, q, lanes, biases),
+                4 => blocks_m::<4>(w, r, q, lanes, biases),
+                _ => blocks_m::<5>(w, r, q, lanes, biases),
+            }
+        }
+    }
+
+    /// Whole rows (groups a multiple of 8), the lanes' trees summed in registers in the same
+    /// order as `tree_sum`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn rows(w: &Affine4, r0: usize, r1: usize, q: &Q8Input, n: usize, dst: OutPtr) {
+        // SAFETY: forwarded.
+        unsafe {
+            match q.m {
+                1 => rows_m::<1>(w, r0, r1, q, n, dst),
+                2 => rows_m::<2>(w, r0, r1, q, n, dst),
+                3 => rows_m::<3>(w, r0, r1, q, n, dst),
+                4 => rows_m::<4>(w, r0, r1, q, n, dst),
+                _ => rows_m::<5>(w, r0, r1, q, n, dst),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn rows_m<const M: usize>(
+        w: &Affine4,
+        r0: usize,
+        r1: usize,
+        q: &Q8Input,
+        n: usize,
+        dst: OutPtr,
+    ) {
+        let tree = |v: __m256| {
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+        };
+        for r in r0..r1 {
+            // SAFETY: forwarded; the row's groups are whole blocks.
+            let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
+            for i in 0..M {
+                // SAFETY: (i, r) is inside the output and column r is ours.
+                unsafe { *dst.at(i * n + r) = tree(acc[i]) + tree(bacc[i]) };
+            }
+        }
+    }
+
+    /// Eight consecutive scales or biases from `at`, widened, in [`PERM`] order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn load8(f: &Floats, at: usize) -> __m256 {
+        let perm = _mm256_setr_epi32(
+            PERM[0] as i32,
+            PERM[1] as i32,
+            PERM[2] as i32,
+            PERM[3] as i32,
+            PERM[4] as i32,
+            PERM[5] as i32,
+            PERM[6] as i32,
+            PERM[7] as i32,
+        );
+        // SAFETY: the caller keeps at + 8 within the row's groups.
+        let v = unsafe {
+            match f {
+                Floats::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
+                Floats::BF16(s) => {
+                    let h = _mm_loadu_si128(s.as_ptr().add(at).cast());
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                }
+                Floats::F16(s) => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at).cast())),
+            }
+        };
+        _mm256_permutexvar_ps(perm, v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn blocks_m<const M: usize>(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+        lanes: &mut [[f32; 8]; DECODE_MAX_M],
+        biases: &mut [[f32; 8]; DECODE_MAX_M],
+    ) {
+        // SAFETY: forwarded.
+        let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
+        for i in 0..M {
+            // SAFETY: a lane array is 8 floats.
+            unsafe {
+                _mm256_storeu_ps(lanes[i].as_mut_ptr(), acc[i]);
+                _mm256_storeu_ps(biases[i].as_mut_ptr(), bacc[i]);
+            }
+        }
+    }
+
+    /// The scale and bias lanes of row `r` over its whole blocks, per input row.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[allow(clippy::needless_range_loop)] // parallel arrays indexed by input row and pair
+    unsafe fn sums<const M: usize>(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+    ) -> ([__m256; M], [__m256; M]) {
+        let nib = _mm512_set1_epi8(0x0F);
+        let groups = q.groups;
+        let g0 = r * groups;
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut bacc = [_mm256_setzero_ps(); M];
+        for blk in (0..groups / 8 * 8).step_by(8) {
+            let mut z = [[_mm512_setzero_si512(); 4]; M];
+            for p in 0..4 {
+                let g = blk + 2 * p;
+                // SAFETY: groups g, g + 1 of row r lie inside `packed`; base + 64 ≤ xe.len().
+                let wv = unsafe {
+                    _mm512_loadu_si512(w.packed.as_ptr().add((g0 + g) * (GB / 4)).cast())
+                };
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
+                for i in 0..M {
+                    let base = (i * groups + g) * GB;
+                    let (xe, xo) = unsafe {
+                        (
+                            _mm512_loadu_si512(q.xe.as_ptr().add(base).cast()),
+                            _mm512_loadu_si512(q.xo.as_ptr().add(base).cast()),
+                        )
+                    };
+                    z[i][p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z[i][p], lo, xe), hi, xo);
+                }
+            }
+            // SAFETY: blk + 8 ≤ groups, so every load below stays inside its row.
+            let (sw, bw) = unsafe { (load8(&w.scales, g0 + blk), load8(&w.biases, g0 + blk)) };
+            for i in 0..M {
+                let at = i * groups + blk;
+                let (sx, xs) = unsafe {
+                    (
+                        _mm256_loadu_ps(q.sxp.as_ptr().add(at)),
+                        _mm256_loadu_ps(q.xsump.as_ptr().add(at)),
+                    )
+                };
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce(z[i])), _mm256_mul_ps(sw, sx));
+                acc[i] = _mm256_add_ps(acc[i], t);
+                bacc[i] = _mm256_add_ps(bacc[i], _mm256_mul_ps(bw, xs));
+            }
+        }
+        (acc, bacc)
+    }
+
+    /// Four vectors of (8 sums of group 2p, 8 sums of group 2p + 1) → the 8 group totals, in
+    /// the order groups 0, 2, 4, 6, 1, 3, 5, 7.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn reduce(z: [__m512i; 4]) -> __m256i {
+        let t01 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(z[0], z[1]),
+            _mm512_unpackhi_epi32(z[0], z[1]),
+        );
+        let t23 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(z[2], z[3]),
+            _mm512_unpackhi_epi32(z[2], z[3]),
+        );
+        // Per 128-bit chunk c: [Σz0, Σz1, Σz2, Σz3] over that chunk's four lanes.
+        let u = _mm512_add_epi32(
+            _mm512_unpacklo_epi64(t01, t23),
+            _mm512_unpackhi_epi64(t01, t23),
+        );
+        // Chunks 0+1 hold the even groups' halves, 2+3 the odd groups'.
+        let a = _mm512_shuffle_i32x4(u, u, 0b10_00_10_00);
+        let b = _mm512_shuffle_i32x4(u, u, 0b11_01_11_01);
+        _mm512_castsi512_si256(_mm512_add_epi32(a, b))
+    }
+}
