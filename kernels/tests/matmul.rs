@@ -464,7 +464,7 @@ fn every_instruction_set_gives_the_same_bits() {
     ];
     for (ci, (f, k)) in cases.into_iter().enumerate() {
         let w = random_weight(f, 37, k, 40 + ci as u64);
-        for m in [1, 2, 3, 4, 5, 7] {
+        for m in [1, 2, 3, 4, 5, 7, 9, 14] {
             let x = Tensor::from_f32(&[m, k], random_x(m, k, 41 + m as u64)).unwrap();
             for n in [Numerics::Exact, Numerics::Fast] {
                 let native = bits_of(&matmul_at("native", n, &x, &w));
@@ -487,12 +487,13 @@ fn every_instruction_set_gives_the_same_bits() {
 }
 
 #[test]
-fn fast_numerics_change_only_4bit_group64_decode() {
+fn fast_numerics_change_only_4bit_group64_products() {
     for (f, m) in [
         (Format::Dense(DType::BF16), 1),
+        (Format::Dense(DType::F32), 9),
         (Format::Affine(4, 32, DType::F32), 2),
+        (Format::Affine(4, 128, DType::F32), 8),
         (Format::Affine(8, 64, DType::F32), 1),
-        (Format::Affine(4, 64, DType::BF16), 6),
     ] {
         let w = random_weight(f, 19, 256, 60);
         let x = Tensor::from_f32(&[m, 256], random_x(m, 256, 61)).unwrap();
@@ -501,13 +502,15 @@ fn fast_numerics_change_only_4bit_group64_decode() {
         assert_eq!(exact, fast, "{f:?} m={m}");
     }
     let w = random_weight(Format::Affine(4, 64, DType::BF16), 19, 256, 60);
-    let x = Tensor::from_f32(&[1, 256], random_x(1, 256, 61)).unwrap();
-    let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
-    let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
-    assert_ne!(
-        exact, fast,
-        "the fast path must actually run for 4-bit group 64"
-    );
+    for m in [1, 6] {
+        let x = Tensor::from_f32(&[m, 256], random_x(m, 256, 61)).unwrap();
+        let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
+        let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
+        assert_ne!(
+            exact, fast,
+            "the fast path must run for 4-bit group 64 (m={m})"
+        );
+    }
 }
 
 #[test]
@@ -519,7 +522,7 @@ fn fast_numerics_stay_within_the_activation_rounding_bound() {
     for dt in [DType::BF16, DType::F32] {
         let w = random_weight(Format::Affine(4, 64, dt), n, k, 70);
         let wr = reference(&w);
-        for m in 1..=5 {
+        for m in [1, 2, 3, 4, 5, 6, 9] {
             let mut x = random_x(m, k, 71 + m as u64);
             // One group with a large outlier and one all-zero group.
             x[5] = 40.0;

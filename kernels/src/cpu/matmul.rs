@@ -92,8 +92,15 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     if m > 0 && n > 0 && k > 0 {
         // Read once here, on the calling thread: the workers below see neither thread's cap.
         let isa = Isa::current();
+        let numerics = Numerics::current();
         if m <= DECODE_MAX_M {
-            matvec(xs, m, &rows, &mut out, isa, Numerics::current());
+            matvec(xs, m, &rows, &mut out, isa, numerics);
+        } else if let (Numerics::Fast, Some(a4)) = (numerics, rows.affine4()) {
+            if super::qgemm_q8::applies(&a4) {
+                q8_gemm(xs, m, &a4, n, k, &mut out, isa);
+            } else {
+                tiled_gemm(xs, m, &rows, &mut out, isa);
+            }
         } else {
             tiled_gemm(xs, m, &rows, &mut out, isa);
         }
@@ -143,6 +150,43 @@ fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) {
         }
     };
     let tiles = n.div_ceil(TILE_N);
+    if m * n * k < PARALLEL_MIN_ELEMS {
+        (0..tiles).for_each(tile);
+    } else {
+        (0..tiles).into_par_iter().for_each(tile);
+    }
+}
+
+/// The `fast` prefill product for 4-bit group-64 weights: activations quantized once, then
+/// per tile of `qgemm_q8::NR` weight rows a repack and the integer product (see `qgemm_q8`).
+fn q8_gemm(
+    xs: &[f32],
+    m: usize,
+    w: &super::dequant::Affine4,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    isa: Isa,
+) {
+    use super::qgemm_q8::{tile_product, Tile, NR};
+    thread_local! {
+        static TILE: RefCell<Tile> = RefCell::new(Tile::default());
+    }
+    let q = super::qmatvec_q8::quantize(xs, m, k);
+    let dst = OutPtr(out.as_mut_ptr());
+    let groups = k / super::qmatvec_q8::GROUP;
+    let tile = |ti: usize| {
+        let r0 = ti * NR;
+        let cols = NR.min(n - r0);
+        TILE.with(|t| {
+            let mut t = t.borrow_mut();
+            t.pack(w, r0, cols, groups);
+            // SAFETY: the tile writes columns r0..r0 + cols of the m x n output, and no other
+            // tile does.
+            unsafe { tile_product(&t, &q, isa, cols, dst.at(r0), n) };
+        })
+    };
+    let tiles = n.div_ceil(NR);
     if m * n * k < PARALLEL_MIN_ELEMS {
         (0..tiles).for_each(tile);
     } else {

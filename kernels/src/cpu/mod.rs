@@ -16,6 +16,7 @@ pub mod minifloat;
 pub mod moe;
 pub mod norm;
 pub mod numerics;
+pub(crate) mod qgemm_q8;
 #[cfg(target_arch = "x86_64")]
 mod qmatvec_avx2;
 pub(crate) mod qmatvec_q8;

@@ -1,12 +1,14 @@
 //! The CPU's two arithmetic paths for products with weights:
 //! - `exact` (the default): activations stay f32, every product is an f32 product; the path the
 //!   goldens, parity and the oracle were made on;
-//! - `fast`: decode-shaped products (at most `DECODE_MAX_M` rows) with 4-bit affine weights in
-//!   groups of 64 quantize the activations to int8 per group of 64 (scale = max|x| / 127,
-//!   round half to even) and sum integer products, as llama.cpp's Q8 activations do. Its
-//!   results differ from `exact` (its own goldens, key `numerics=fast`), but not between
-//!   instruction sets: the integer sums are exact, and the float steps after them run in one
-//!   fixed order on every ISA (VNNI, AVX2 and portable code give the same bits).
+//! - `fast`: products with 4-bit affine weights in groups of 64 quantize the activations to
+//!   int8 per group of 64 (scale = max|x| / 127, round half to even) and sum integer products,
+//!   as llama.cpp's Q8 activations do: decode shapes in `qmatvec_q8`, prefill in `qgemm_q8`.
+//!   Its results differ from `exact` (its own goldens, key `numerics=fast`; against mlx-lm it
+//!   holds the top-5 walk with top-1 log-probs within 1 nat), but not between instruction
+//!   sets: the integer sums are exact, and the float steps after them run in one fixed order
+//!   on every ISA (VNNI, AVX2 and portable code give the same bits). Other weight formats run
+//!   as in `exact`.
 //!
 //! The path is chosen per thread with [`with`] (the engine wraps a request in it), read once per
 //! op on the calling thread, so two requests on two threads may use different paths.

@@ -37,11 +37,38 @@ pub struct Q8Input {
     xo: Vec<i8>,
     /// Per group: the activation scale `max|x| / 127` (0 for an all-zero or non-finite group).
     sx: Vec<f32>,
-    /// Per group: Σx in f32, left to right (carries NaN and inf through to the result).
+    /// Per group: Σx in f32, in 16 lanes (element `c` into lane `c % 16`, in order) and then
+    /// the fixed tree, so vector code computes it alike (carries NaN and inf through to the
+    /// result).
     xsum: Vec<f32>,
     /// `sx` and `xsum` with each whole block of 8 groups in [`PERM`] order (for vector code).
     sxp: Vec<f32>,
     xsump: Vec<f32>,
+}
+
+impl Q8Input {
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Group `g` of input row `i`: its activation scale.
+    #[inline(always)]
+    pub fn sx(&self, i: usize, g: usize) -> f32 {
+        self.sx[i * self.groups + g]
+    }
+
+    /// Group `g` of input row `i`: Σx.
+    #[inline(always)]
+    pub fn xsum(&self, i: usize, g: usize) -> f32 {
+        self.xsum[i * self.groups + g]
+    }
+
+    /// Group `g` of input row `i`: the even and the odd elements' codes (32 each).
+    #[inline(always)]
+    pub fn codes(&self, i: usize, g: usize) -> (&[i8], &[i8]) {
+        let at = (i * self.groups + g) * GB;
+        (&self.xe[at..at + GB], &self.xo[at..at + GB])
+    }
 }
 
 /// Quantizes `m` rows of `k` (a multiple of [`GROUP`]).
@@ -57,20 +84,17 @@ pub fn quantize(xs: &[f32], m: usize, k: usize) -> Q8Input {
         sxp: Vec::new(),
         xsump: Vec::new(),
     };
+    let avx512 = Isa::current().avx512;
     for (gi, x) in xs[..m * k].chunks_exact(GROUP).enumerate() {
-        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let (sx, inv) = if amax > 0.0 && amax.is_finite() {
-            (amax / 127.0, 127.0 / amax)
-        } else {
-            (0.0, 0.0)
-        };
-        q.sx[gi] = sx;
-        q.xsum[gi] = x.iter().sum();
-        let code = |v: f32| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-        for c in 0..GB {
-            q.xe[gi * GB + c] = code(x[2 * c]);
-            q.xo[gi * GB + c] = code(x[2 * c + 1]);
+        let (xe, xo) = (&mut q.xe[gi * GB..][..GB], &mut q.xo[gi * GB..][..GB]);
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: AVX-512 is present; x is one group.
+            (q.sx[gi], q.xsum[gi]) = unsafe { quantize_avx512::group(x, xe, xo) };
+            continue;
         }
+        let _ = avx512;
+        (q.sx[gi], q.xsum[gi]) = quantize_group(x, xe, xo);
     }
     let permuted = |v: &[f32]| {
         let mut p = v.to_vec();
@@ -113,6 +137,90 @@ pub unsafe fn rows(
             // SAFETY: (i, r) is inside the output and column r is ours.
             unsafe { *dst.at(i * n + r) = v };
         }
+    }
+}
+
+/// One group's codes (even and odd elements), its scale and its Σx.
+fn quantize_group(x: &[f32], xe: &mut [i8], xo: &mut [i8]) -> (f32, f32) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let mut lanes = [0.0f32; 16];
+    for (c, &v) in x.iter().enumerate() {
+        lanes[c % 16] += v;
+    }
+    let xsum = super::tree_sum(lanes);
+    if !(amax > 0.0 && amax.is_finite()) {
+        xe.fill(0);
+        xo.fill(0);
+        return (0.0, xsum);
+    }
+    let inv = 127.0 / amax;
+    // NaN codes as 0 (its group's Σx is NaN, which the result keeps).
+    let code = |v: f32| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+    for c in 0..GB {
+        xe[c] = code(x[2 * c]);
+        xo[c] = code(x[2 * c + 1]);
+    }
+    (amax / 127.0, xsum)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod quantize_avx512 {
+    //! [`super::quantize_group`] in registers, with the same results: max is exact, Σx runs in
+    //! the same 16 lanes and tree, and `vcvtps2dq` rounds half to even like `round_ties_even`.
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn group(x: &[f32], xe: &mut [i8], xo: &mut [i8]) -> (f32, f32) {
+        debug_assert!(x.len() == 64 && xe.len() == 32 && xo.len() == 32);
+        // SAFETY: x holds 64 floats.
+        let v: [__m512; 4] =
+            std::array::from_fn(|j| unsafe { _mm512_loadu_ps(x.as_ptr().add(16 * j)) });
+        let abs = |a: __m512| _mm512_abs_ps(a);
+        // The running max second, so a NaN element is skipped as `f32::max` skips it.
+        let mx = _mm512_max_ps(
+            abs(v[3]),
+            _mm512_max_ps(
+                abs(v[2]),
+                _mm512_max_ps(abs(v[1]), _mm512_max_ps(abs(v[0]), _mm512_setzero_ps())),
+            ),
+        );
+        let amax = _mm512_reduce_max_ps(mx);
+        let s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[1]), v[2]), v[3]);
+        let h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+        let h = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let xsum = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+        if !(amax > 0.0 && amax.is_finite()) {
+            xe.fill(0);
+            xo.fill(0);
+            return (0.0, xsum);
+        }
+        let inv = _mm512_set1_ps(127.0 / amax);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        let lim = _mm512_set1_epi32(127);
+        let code = |a: __m512| {
+            let p = _mm512_mul_ps(a, inv);
+            let c = _mm512_cvtps_epi32(p);
+            let c = _mm512_max_epi32(
+                _mm512_min_epi32(c, lim),
+                _mm512_sub_epi32(_mm512_setzero_si512(), lim),
+            );
+            // NaN products code as 0, as in the portable path.
+            let c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), c);
+            _mm512_cvtepi32_epi8(c)
+        };
+        for (half, idx) in [(0, even), (1, odd)] {
+            let lo = code(_mm512_permutex2var_ps(v[0], idx, v[1]));
+            let hi = code(_mm512_permutex2var_ps(v[2], idx, v[3]));
+            let out = if half == 0 { &mut *xe } else { &mut *xo };
+            // SAFETY: out holds 32 bytes.
+            unsafe {
+                _mm_storeu_si128(out.as_mut_ptr().cast(), lo);
+                _mm_storeu_si128(out.as_mut_ptr().add(16).cast(), hi);
+            }
+        }
+        (amax / 127.0, xsum)
     }
 }
 

@@ -1,0 +1,310 @@
+//! The `fast` numerics' prefill product with 4-bit affine weights in groups of 64: activations
+//! quantized to int8 per group (the same codes as the decode path, `qmatvec_q8::quantize`),
+//! integer dot products against the codes, one float multiply per group and output.
+//!
+//! Per output `(i, j)`: `A = Σ_g (Σ q·xq as i32) as f32 · (s_jg · sx_ig)` and
+//! `B = Σ_g b_jg · Σx_ig`, each summed group after group, and `out = A + B`. The integer sums
+//! are exact in any order; every ISA then runs those float operations in that order, so VNNI,
+//! AVX2 and portable code give the same bits. (Decode-shaped calls sum the groups in 8 lanes
+//! instead, so a row may differ in the last bits between the two, as on the exact path.)
+//!
+//! Weights are repacked per tile of [`NR`] rows so that one vector holds the same four codes
+//! of 16 (AVX-512) or 8 (AVX2) rows: a packed word's low nibbles are the group's elements
+//! `8t + {0, 2, 4, 6}` and its high nibbles `8t + {1, 3, 5, 7}`, exactly the four bytes
+//! `quantize` stores at word `t` of the even and the odd activations. So a tile is a transpose
+//! of words split into nibbles, and each activation word is broadcast against it.
+
+use super::dequant::Affine4;
+use super::isa::Isa;
+use super::qmatvec_q8::{Q8Input, GROUP};
+
+/// Weight rows per tile (two AVX-512 or four AVX2 vectors of rows).
+pub const NR: usize = 32;
+/// Packed words per group (8 codes each).
+const WORDS: usize = GROUP / 8;
+
+/// One tile of weight rows, repacked: codes `[group][word][half][row][4]` as bytes (low nibbles
+/// in half 0, high in half 1), scales and biases `[group][row]` as f32. Rows past the weight's
+/// end are zero.
+#[derive(Default)]
+pub struct Tile {
+    codes: Vec<u8>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    groups: usize,
+}
+
+impl Tile {
+    /// Repacks rows `r0..r0 + rows` (`rows ≤ NR`) of `w`, which has `groups` groups per row.
+    pub fn pack(&mut self, w: &Affine4, r0: usize, rows: usize, groups: usize) {
+        self.groups = groups;
+        self.codes.clear();
+        self.codes.resize(groups * WORDS * 2 * NR * 4, 0);
+        self.scales.clear();
+        self.scales.resize(groups * NR, 0.0);
+        self.biases.clear();
+        self.biases.resize(groups * NR, 0.0);
+        for r in 0..rows {
+            let row = r0 + r;
+            for g in 0..groups {
+                let gi = row * groups + g;
+                self.scales[g * NR + r] = w.scales.get(gi);
+                self.biases[g * NR + r] = w.biases.get(gi);
+                for t in 0..WORDS {
+                    let word = w.packed[gi * WORDS + t];
+                    let lo = (word & 0x0F0F_0F0F).to_le_bytes();
+                    let hi = ((word >> 4) & 0x0F0F_0F0F).to_le_bytes();
+                    let at = |half: usize| (((g * WORDS + t) * 2 + half) * NR + r) * 4;
+                    self.codes[at(0)..at(0) + 4].copy_from_slice(&lo);
+                    self.codes[at(1)..at(1) + 4].copy_from_slice(&hi);
+                }
+            }
+        }
+    }
+}
+
+/// `out[i, c] = x_i · w_{r0 + c}` for the tile's rows `c < cols` and every input row of `q`;
+/// `out` is `[q.m, ldo]` from column `r0` on (the caller's offset already applied).
+///
+/// # Safety
+/// `out` points at `q.m` rows of `ldo` floats, of which columns `0..cols` are this call's alone.
+pub unsafe fn tile_product(
+    t: &Tile,
+    q: &Q8Input,
+    isa: Isa,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let m = q.m();
+    let mut a = [0.0f32; NR];
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa.vnni {
+        while i + vnni::MR <= m {
+            // SAFETY: VNNI is present; rows i..i + MR exist; forwarded.
+            unsafe { vnni::rows(t, q, i, cols, out, ldo) };
+            i += vnni::MR;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2 {
+        while i < m {
+            // SAFETY: AVX2 is present; forwarded.
+            unsafe {
+                avx2::row(t, q, i, &mut a);
+                finish(t, q, i, &a, cols, out, ldo);
+            }
+            i += 1;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    while i < m {
+        a.fill(0.0);
+        for g in 0..t.groups {
+            for (r, ar) in a.iter_mut().enumerate() {
+                let isum = group_isum(t, q, i, g, r);
+                *ar += isum as f32 * (t.scales[g * NR + r] * q.sx(i, g));
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { finish(t, q, i, &a, cols, out, ldo) };
+        i += 1;
+    }
+}
+
+/// `out = A + B` for input row `i`, with `B` summed group after group.
+///
+/// # Safety
+/// As [`tile_product`].
+#[inline]
+unsafe fn finish(
+    t: &Tile,
+    q: &Q8Input,
+    i: usize,
+    a: &[f32; NR],
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut b = [0.0f32; NR];
+    for g in 0..t.groups {
+        let xs = q.xsum(i, g);
+        for (br, &bw) in b.iter_mut().zip(&t.biases[g * NR..(g + 1) * NR]) {
+            *br += bw * xs;
+        }
+    }
+    for c in 0..cols {
+        // SAFETY: (i, c) is inside this call's part of the output.
+        unsafe { *out.add(i * ldo + c) = a[c] + b[c] };
+    }
+}
+
+/// Σ q·xq of tile row `r`, group `g`, input row `i`, in plain integer arithmetic.
+fn group_isum(t: &Tile, q: &Q8Input, i: usize, g: usize, r: usize) -> i32 {
+    let (xe, xo) = q.codes(i, g);
+    let mut s = 0i32;
+    for w in 0..WORDS {
+        for half in 0..2 {
+            let at = (((g * WORDS + w) * 2 + half) * NR + r) * 4;
+            let x = if half == 0 { xe } else { xo };
+            for b in 0..4 {
+                s += t.codes[at + b] as i32 * x[4 * w + b] as i32;
+            }
+        }
+    }
+    s
+}
+
+/// Whether `w` takes this path: 4-bit affine in groups of [`GROUP`].
+pub fn applies(w: &Affine4) -> bool {
+    w.group == GROUP
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! One input row at a time: `vpmaddubsw` + `vpmaddwd` (exact: pairs of 15·127 fit i16)
+    //! for the integer sums of 8 rows per register, then the float step in the shared order.
+    use std::arch::x86_64::*;
+
+    use super::{Q8Input, Tile, NR, WORDS};
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn row(t: &Tile, q: &Q8Input, i: usize, a: &mut [f32; NR]) {
+        let ones = _mm256_set1_epi16(1);
+        let mut fa = [_mm256_setzero_ps(); 4];
+        for g in 0..t.groups {
+            let (xe, xo) = q.codes(i, g);
+            let mut acc = [_mm256_setzero_si256(); 4];
+            for w in 0..WORDS {
+                // SAFETY: word w of each half holds 4 bytes.
+                let (be, bo) = unsafe {
+                    (
+                        _mm256_set1_epi32(xe.as_ptr().add(4 * w).cast::<i32>().read_unaligned()),
+                        _mm256_set1_epi32(xo.as_ptr().add(4 * w).cast::<i32>().read_unaligned()),
+                    )
+                };
+                for (half, b) in [(0, be), (1, bo)] {
+                    let at = ((g * WORDS + w) * 2 + half) * NR * 4;
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: 8 rows × 4 bytes from `at + 32h` lie inside the tile.
+                        let wv =
+                            unsafe { _mm256_loadu_si256(t.codes.as_ptr().add(at + 32 * h).cast()) };
+                        *a = _mm256_add_epi32(
+                            *a,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(wv, b), ones),
+                        );
+                    }
+                }
+            }
+            let sx = _mm256_set1_ps(q.sx(i, g));
+            for (h, f) in fa.iter_mut().enumerate() {
+                // SAFETY: 8 scales from g·NR + 8h.
+                let sw = unsafe { _mm256_loadu_ps(t.scales.as_ptr().add(g * NR + 8 * h)) };
+                *f = _mm256_add_ps(
+                    *f,
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(sw, sx)),
+                );
+            }
+        }
+        for (h, f) in fa.iter().enumerate() {
+            // SAFETY: `a` holds NR = 32 floats.
+            unsafe { _mm256_storeu_ps(a.as_mut_ptr().add(8 * h), *f) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    //! [`MR`] input rows × 32 weight rows per pass: per activation word, two `vpdpbusd` per
+    //! register (low nibbles × even activations, high × odd); per group, the float step into
+    //! sums kept in memory (touched once per group, so the integer sums own the registers).
+    use std::arch::x86_64::*;
+
+    use super::{Q8Input, Tile, NR, WORDS};
+
+    /// Input rows per pass.
+    pub const MR: usize = 8;
+
+    /// # Safety
+    /// VNNI is present; rows `i0..i0 + MR` exist; `out` as in `tile_product`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // parallel arrays indexed by input row
+    pub unsafe fn rows(t: &Tile, q: &Q8Input, i0: usize, cols: usize, out: *mut f32, ldo: usize) {
+        let mut fa = [[0.0f32; NR]; MR];
+        for g in 0..t.groups {
+            let codes: [(&[i8], &[i8]); MR] = std::array::from_fn(|i| q.codes(i0 + i, g));
+            let mut acc = [[_mm512_setzero_si512(); 2]; MR];
+            for w in 0..WORDS {
+                let at = (g * WORDS + w) * 2 * NR * 4;
+                // SAFETY: the tile holds both halves of 32 rows × 4 bytes at `at`.
+                let (lo0, lo1, hi0, hi1) = unsafe {
+                    let p = t.codes.as_ptr().add(at);
+                    (
+                        _mm512_loadu_si512(p.cast()),
+                        _mm512_loadu_si512(p.add(64).cast()),
+                        _mm512_loadu_si512(p.add(128).cast()),
+                        _mm512_loadu_si512(p.add(192).cast()),
+                    )
+                };
+                for i in 0..MR {
+                    let (xe, xo) = codes[i];
+                    // SAFETY: word w of each half holds 4 bytes.
+                    let (be, bo) = unsafe {
+                        (
+                            _mm512_set1_epi32(
+                                xe.as_ptr().add(4 * w).cast::<i32>().read_unaligned(),
+                            ),
+                            _mm512_set1_epi32(
+                                xo.as_ptr().add(4 * w).cast::<i32>().read_unaligned(),
+                            ),
+                        )
+                    };
+                    acc[i][0] =
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i][0], lo0, be), hi0, bo);
+                    acc[i][1] =
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i][1], lo1, be), hi1, bo);
+                }
+            }
+            // SAFETY: 32 scales from g·NR; fa rows hold 32 floats.
+            unsafe {
+                let p = t.scales.as_ptr().add(g * NR);
+                let (sw0, sw1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                for i in 0..MR {
+                    let sx = _mm512_set1_ps(q.sx(i0 + i, g));
+                    let f = fa[i].as_mut_ptr();
+                    let s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][0]), _mm512_mul_ps(sw0, sx));
+                    let s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][1]), _mm512_mul_ps(sw1, sx));
+                    _mm512_storeu_ps(f, _mm512_add_ps(_mm512_loadu_ps(f), s0));
+                    _mm512_storeu_ps(f.add(16), _mm512_add_ps(_mm512_loadu_ps(f.add(16)), s1));
+                }
+            }
+        }
+        for i in 0..MR {
+            // B = Σ_g b·Σx, group after group, then out = A + B.
+            let (mut b0, mut b1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for g in 0..t.groups {
+                let xs = _mm512_set1_ps(q.xsum(i0 + i, g));
+                // SAFETY: 32 biases from g·NR.
+                let (bw0, bw1) = unsafe {
+                    let p = t.biases.as_ptr().add(g * NR);
+                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                };
+                b0 = _mm512_add_ps(b0, _mm512_mul_ps(bw0, xs));
+                b1 = _mm512_add_ps(b1, _mm512_mul_ps(bw1, xs));
+            }
+            let mut o = [0.0f32; NR];
+            // SAFETY: o and fa[i] hold 32 floats; (i0 + i, c < cols) is this call's output.
+            unsafe {
+                let f = fa[i].as_ptr();
+                _mm512_storeu_ps(o.as_mut_ptr(), _mm512_add_ps(_mm512_loadu_ps(f), b0));
+                _mm512_storeu_ps(
+                    o.as_mut_ptr().add(16),
+                    _mm512_add_ps(_mm512_loadu_ps(f.add(16)), b1),
+                );
+                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
+            }
+        }
+    }
+}
