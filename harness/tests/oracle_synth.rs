@@ -123,6 +123,8 @@ mod on_mlx {
 fn fast_numerics_match_mlx_lm_on_q4() {
     for (filter, gdn) in [
         ("synth/qwen3:tiny:q4", None),
+        ("synth/qwen3:tiny:bf16", None),
+        ("synth/qwen3_5:tiny:bf16", Some(GdnPath::Chunked)),
         ("synth/qwen3_5:tiny:q4", Some(GdnPath::PerStep)),
         ("synth/qwen3_5:tiny:q4", Some(GdnPath::Chunked)),
         ("synth/lfm2:tiny:q4", None),

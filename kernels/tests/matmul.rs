@@ -573,3 +573,65 @@ fn fast_numerics_keep_nan_and_are_thread_independent() {
         "a NaN input row must stay NaN"
     );
 }
+
+#[test]
+fn fast_bf16_prefill_is_the_same_on_every_isa_even_with_subnormals() {
+    // Weights and activations spanning normal, tiny and subnormal magnitudes (bf16 has f32's
+    // exponent range), where the instruction's DAZ/FTZ decide the bits.
+    let (n, k) = (37, 90);
+    let mut g = Lcg(90);
+    let mut mag = |g: &mut Lcg| match g.next() % 4 {
+        0 => 1.0,
+        1 => 1e-20,
+        2 => 1e-39, // subnormal in f32 and in bf16
+        _ => 3e-38,
+    };
+    let wv: Vec<f32> = (0..n * k).map(|_| g.unit() * mag(&mut g)).collect();
+    let w = Weight::Dense(float_tensor(&[n, k], DType::BF16, &wv));
+    for m in [6, 8, 13] {
+        let xv: Vec<f32> = (0..m * k).map(|_| g.unit() * mag(&mut g)).collect();
+        let x = Tensor::from_f32(&[m, k], xv).unwrap();
+        let native = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
+        for &level in isa::LEVELS {
+            let got = bits_of(&matmul_at(level, Numerics::Fast, &x, &w));
+            assert_eq!(got, native, "m={m} at {level}");
+        }
+    }
+}
+
+#[test]
+fn fast_bf16_prefill_stays_within_the_activation_rounding_bound() {
+    // Rounding x to bf16 moves each element by at most 2^-9 of itself; f32 accumulation adds
+    // at most k·2^-24 of Σ|x·w|.
+    let (n, k) = (29, 301);
+    let w = random_weight(Format::Dense(DType::BF16), n, k, 95);
+    let wr = reference(&w);
+    for m in [6, 9, 17] {
+        let x = random_x(m, k, 96 + m as u64);
+        let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
+        let fast = matmul_at("native", Numerics::Fast, &xt, &w);
+        let exact = matmul_at("native", Numerics::Exact, &xt, &w);
+        assert_ne!(
+            bits_of(&fast),
+            bits_of(&exact),
+            "the bf16 fast path must run (m={m})"
+        );
+        let y = fast.f32s().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for c in 0..k {
+                    let p = x[i * k + c] as f64 * wr[j * k + c];
+                    want += p;
+                    mag += p.abs();
+                }
+                let tol = mag * (2f64.powi(-9) + k as f64 * 2f64.powi(-24));
+                let got = y[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "m={m} ({i}, {j}): {got} vs {want} (tol {tol})"
+                );
+            }
+        }
+    }
+}

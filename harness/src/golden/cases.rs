@@ -71,13 +71,17 @@ pub const MATRIX: &[Row] = &[
         formats: &[Format::F32],
         paths: &["kv=paged", "session=reuse"],
     },
-    // The CPU's `fast` numerics (int8 activations in 4-bit decode products): its own goldens,
-    // CPU only. Tiny checkpoints end every row in a partial block of groups, so these run the
-    // scalar tail on every ISA; kernels/tests/matmul.rs covers the vector blocks.
+    // The CPU's `fast` numerics (int8 activations against 4-bit weights, bf16 activations
+    // against bf16 weights): its own goldens, CPU only, the same on every ISA.
     Row {
         family: "qwen3",
-        formats: &[Format::Q4],
+        formats: &[Format::Q4, Format::Bf16],
         paths: &["numerics=fast", "batch=4+numerics=fast"],
+    },
+    Row {
+        family: "qwen3_5",
+        formats: &[Format::Bf16],
+        paths: &["gdn=chunked+numerics=fast"],
     },
     Row {
         family: "qwen3_5",

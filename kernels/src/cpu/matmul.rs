@@ -95,13 +95,7 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
         let numerics = Numerics::current();
         if m <= DECODE_MAX_M {
             matvec(xs, m, &rows, &mut out, isa, numerics);
-        } else if let (Numerics::Fast, Some(a4)) = (numerics, rows.affine4()) {
-            if super::qgemm_q8::applies(&a4) {
-                q8_gemm(xs, m, &a4, n, k, &mut out, isa);
-            } else {
-                tiled_gemm(xs, m, &rows, &mut out, isa);
-            }
-        } else {
+        } else if !(numerics == Numerics::Fast && fast_gemm(xs, m, &rows, &mut out, isa)) {
             tiled_gemm(xs, m, &rows, &mut out, isa);
         }
     }
@@ -157,40 +151,54 @@ fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) {
     }
 }
 
-/// The `fast` prefill product for 4-bit group-64 weights: activations quantized once, then
-/// per tile of `qgemm_q8::NR` weight rows a repack and the integer product (see `qgemm_q8`).
-fn q8_gemm(
-    xs: &[f32],
-    m: usize,
-    w: &super::dequant::Affine4,
-    n: usize,
-    k: usize,
-    out: &mut [f32],
-    isa: Isa,
-) {
-    use super::qgemm_q8::{tile_product, Tile, NR};
+/// The `fast` prefill products: int8 activations against 4-bit group-64 weights
+/// (`qgemm_q8`), bf16 activations against bf16 weights (`bgemm_bf16`). Returns false (and
+/// writes nothing) for other weights, which the exact kernel takes.
+fn fast_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) -> bool {
+    use super::{bgemm_bf16, qgemm_q8};
     thread_local! {
-        static TILE: RefCell<Tile> = RefCell::new(Tile::default());
+        static Q8_TILE: RefCell<qgemm_q8::Tile> = RefCell::new(qgemm_q8::Tile::default());
+        static BF16_TILE: RefCell<bgemm_bf16::Tile> = RefCell::new(bgemm_bf16::Tile::default());
     }
-    let q = super::qmatvec_q8::quantize(xs, m, k);
+    let (n, k) = (w.rows(), w.cols());
     let dst = OutPtr(out.as_mut_ptr());
-    let groups = k / super::qmatvec_q8::GROUP;
-    let tile = |ti: usize| {
-        let r0 = ti * NR;
-        let cols = NR.min(n - r0);
-        TILE.with(|t| {
-            let mut t = t.borrow_mut();
-            t.pack(w, r0, cols, groups);
-            // SAFETY: the tile writes columns r0..r0 + cols of the m x n output, and no other
-            // tile does.
-            unsafe { tile_product(&t, &q, isa, cols, dst.at(r0), n) };
-        })
-    };
-    let tiles = n.div_ceil(NR);
-    if m * n * k < PARALLEL_MIN_ELEMS {
-        (0..tiles).for_each(tile);
+    if let Some(a4) = w.affine4().filter(qgemm_q8::applies) {
+        let q = super::qmatvec_q8::quantize(xs, m, k);
+        let groups = k / super::qmatvec_q8::GROUP;
+        for_each_tile(n, qgemm_q8::NR, m * n * k, |r0, cols| {
+            Q8_TILE.with(|t| {
+                let mut t = t.borrow_mut();
+                t.pack(&a4, r0, cols, groups);
+                // SAFETY: the tile writes columns r0..r0 + cols of the m x n output alone.
+                unsafe { qgemm_q8::tile_product(&t, &q, isa, cols, dst.at(r0), n) };
+            })
+        });
+        return true;
+    }
+    if let Some(wb) = w.bf16_dense() {
+        let x = bgemm_bf16::round_input(xs, m, k);
+        for_each_tile(n, bgemm_bf16::NR, m * n * k, |r0, cols| {
+            BF16_TILE.with(|t| {
+                let mut t = t.borrow_mut();
+                t.pack(wb, k, r0, cols);
+                // SAFETY: the tile writes columns r0..r0 + cols of the m x n output alone.
+                unsafe { bgemm_bf16::tile_product(&t, &x, isa, cols, dst.at(r0), n) };
+            })
+        });
+        return true;
+    }
+    false
+}
+
+/// Runs `tile(r0, cols)` over fixed tiles of `nr` weight rows, in parallel when `work` (the
+/// product's multiply-adds) pays for it.
+fn for_each_tile(n: usize, nr: usize, work: usize, tile: impl Fn(usize, usize) + Sync + Send) {
+    let one = |t: usize| tile(t * nr, nr.min(n - t * nr));
+    let tiles = n.div_ceil(nr);
+    if work < PARALLEL_MIN_ELEMS {
+        (0..tiles).for_each(one);
     } else {
-        (0..tiles).into_par_iter().for_each(tile);
+        (0..tiles).into_par_iter().for_each(one);
     }
 }
 

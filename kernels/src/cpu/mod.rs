@@ -3,6 +3,7 @@
 //! result are independent of the thread count.
 
 pub mod attention;
+pub(crate) mod bgemm_bf16;
 pub mod binary;
 pub mod dequant;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,248 @@
+//! The `fast` numerics' prefill product with dense bf16 weights: activations rounded to bf16
+//! (round to nearest even), then products of bf16 pairs summed into f32 as AVX-512 BF16's
+//! `vdpbf16ps` does.
+//!
+//! Per output `(i, j)`, over column pairs `p` in order (an odd last column pairs with a zero):
+//! `acc = fma(x[2p+1], w[2p+1], acc)` then `acc = fma(x[2p], w[2p], acc)`, with bf16
+//! subnormal inputs read as zero and subnormal results flushed to zero (the instruction's
+//! fixed DAZ/FTZ, round to nearest even). `vdpbf16ps` does exactly that on CPUs that have it;
+//! AVX2 code runs the same FMAs with MXCSR's DAZ and FTZ set, portable code in software, so
+//! every ISA gives the same bits (kernels/tests/matmul.rs checks them against each other,
+//! subnormals included).
+//!
+//! Weights are repacked per tile of [`NR`] rows into `[pair][row]` words (a word holds one
+//! row's two bf16 of a pair), so one vector holds the same pair of 16 rows and each
+//! activation pair is broadcast against it.
+
+use half::bf16;
+
+use super::isa::Isa;
+
+/// Weight rows per tile (two AVX-512 registers).
+pub const NR: usize = 32;
+
+/// Activations rounded to bf16 and paired: `[m, pairs]` words, low half the even column.
+pub struct Bf16Input {
+    m: usize,
+    pairs: usize,
+    words: Vec<u32>,
+}
+
+/// Rounds `m` rows of `k` to bf16 pairs.
+pub fn round_input(xs: &[f32], m: usize, k: usize) -> Bf16Input {
+    let pairs = k.div_ceil(2);
+    let mut words = vec![0u32; m * pairs];
+    for i in 0..m {
+        let row = &xs[i * k..(i + 1) * k];
+        for (p, w) in words[i * pairs..(i + 1) * pairs].iter_mut().enumerate() {
+            let lo = bf16::from_f32(row[2 * p]).to_bits() as u32;
+            let hi = row
+                .get(2 * p + 1)
+                .map_or(0, |&v| bf16::from_f32(v).to_bits() as u32);
+            *w = lo | hi << 16;
+        }
+    }
+    Bf16Input { m, pairs, words }
+}
+
+/// One tile of weight rows repacked as `[pair][row]` words; rows past the weight's end are 0.
+#[derive(Default)]
+pub struct Tile {
+    words: Vec<u32>,
+    pairs: usize,
+}
+
+impl Tile {
+    /// Repacks rows `r0..r0 + rows` (`rows ≤ NR`) of the `[n, k]` weight `w`.
+    pub fn pack(&mut self, w: &[bf16], k: usize, r0: usize, rows: usize) {
+        let pairs = k.div_ceil(2);
+        self.pairs = pairs;
+        self.words.clear();
+        self.words.resize(pairs * NR, 0);
+        for r in 0..rows {
+            let row = &w[(r0 + r) * k..(r0 + r + 1) * k];
+            for p in 0..pairs {
+                let lo = row[2 * p].to_bits() as u32;
+                let hi = row.get(2 * p + 1).map_or(0, |v| v.to_bits() as u32);
+                self.words[p * NR + r] = lo | hi << 16;
+            }
+        }
+    }
+}
+
+/// `out[i, c] = x_i · w_{r0 + c}` for the tile's rows `c < cols`; `out` is `[m, ldo]` from the
+/// tile's first column.
+///
+/// # Safety
+/// `out` points at `x.m` rows of `ldo` floats, of which columns `0..cols` are this call's alone.
+pub unsafe fn tile_product(
+    t: &Tile,
+    x: &Bf16Input,
+    isa: Isa,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa.bf16 {
+        while i + avx512::MR <= x.m {
+            // SAFETY: AVX-512 BF16 is present; rows i..i + MR exist; forwarded.
+            unsafe { avx512::rows(t, x, i, cols, out, ldo) };
+            i += avx512::MR;
+        }
+    }
+    let mut acc = [0.0f32; NR];
+    while i < x.m {
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2 {
+            // SAFETY: AVX2 and FMA are present.
+            unsafe { avx2::row(t, x, i, &mut acc) };
+        } else {
+            portable_row(t, x, i, &mut acc);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = isa;
+            portable_row(t, x, i, &mut acc);
+        }
+        for (c, &v) in acc[..cols].iter().enumerate() {
+            // SAFETY: (i, c) is this call's part of the output.
+            unsafe { *out.add(i * ldo + c) = v };
+        }
+        i += 1;
+    }
+}
+
+/// A bf16 (its bits in the high half of `w`) as f32, subnormals read as zero.
+#[inline(always)]
+fn daz(bits: u32) -> f32 {
+    let v = f32::from_bits(bits);
+    if v.is_subnormal() {
+        f32::from_bits(bits & 0x8000_0000)
+    } else {
+        v
+    }
+}
+
+/// `fma(a, b, acc)` with the result's subnormals flushed to zero.
+#[inline(always)]
+fn fma_ftz(a: f32, b: f32, acc: f32) -> f32 {
+    let r = a.mul_add(b, acc);
+    if r.is_subnormal() {
+        f32::from_bits(r.to_bits() & 0x8000_0000)
+    } else {
+        r
+    }
+}
+
+fn portable_row(t: &Tile, x: &Bf16Input, i: usize, acc: &mut [f32; NR]) {
+    acc.fill(0.0);
+    for p in 0..t.pairs {
+        let xw = x.words[i * x.pairs + p];
+        let (x0, x1) = (daz(xw << 16), daz(xw & 0xFFFF_0000));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let ww = t.words[p * NR + r];
+            *a = fma_ftz(x1, daz(ww & 0xFFFF_0000), *a);
+            *a = fma_ftz(x0, daz(ww << 16), *a);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The same FMAs, 8 rows per register, under MXCSR's DAZ and FTZ (restored afterwards).
+    use std::arch::x86_64::*;
+
+    use super::{Bf16Input, Tile, NR};
+
+    /// MXCSR's flush-to-zero and denormals-are-zero bits.
+    const FTZ_DAZ: u32 = 0x8040;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn row(t: &Tile, x: &Bf16Input, i: usize, acc: &mut [f32; NR]) {
+        let saved = read_csr();
+        write_csr(saved | FTZ_DAZ);
+        let hi_mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        let mut a = [_mm256_setzero_ps(); 4];
+        for p in 0..t.pairs {
+            let xw = x.words[i * x.pairs + p] as i32;
+            let x0 = _mm256_castsi256_ps(_mm256_set1_epi32(xw << 16));
+            let x1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_set1_epi32(xw), hi_mask));
+            for (h, ah) in a.iter_mut().enumerate() {
+                // SAFETY: 8 words of pair p from row 8h lie inside the tile.
+                let ww = unsafe { _mm256_loadu_si256(t.words.as_ptr().add(p * NR + 8 * h).cast()) };
+                let w1 = _mm256_castsi256_ps(_mm256_and_si256(ww, hi_mask));
+                let w0 = _mm256_castsi256_ps(_mm256_slli_epi32(ww, 16));
+                *ah = _mm256_fmadd_ps(x1, w1, *ah);
+                *ah = _mm256_fmadd_ps(x0, w0, *ah);
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            // SAFETY: acc holds 32 floats.
+            unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(8 * h), *ah) };
+        }
+        write_csr(saved);
+    }
+
+    #[inline(always)]
+    fn read_csr() -> u32 {
+        let mut v: u32 = 0;
+        // SAFETY: stmxcsr stores the control register into `v`.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack)) };
+        v
+    }
+
+    #[inline(always)]
+    fn write_csr(v: u32) {
+        // SAFETY: ldmxcsr loads a valid control word (the saved one with two mode bits set).
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack)) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! [`MR`] input rows × 32 weight rows per pass, one `vdpbf16ps` per register and pair.
+    use std::arch::x86_64::*;
+
+    use super::{Bf16Input, Tile, NR};
+
+    pub const MR: usize = 8;
+
+    /// # Safety
+    /// AVX-512 BF16 is present; rows `i0..i0 + MR` exist; `out` as in `tile_product`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    #[allow(clippy::needless_range_loop)] // parallel arrays indexed by input row
+    pub unsafe fn rows(t: &Tile, x: &Bf16Input, i0: usize, cols: usize, out: *mut f32, ldo: usize) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let xw = |i: usize, p: usize| x.words[(i0 + i) * x.pairs + p] as i32;
+        for p in 0..t.pairs {
+            // SAFETY: 32 words of pair p lie inside the tile.
+            let (w0, w1) = unsafe {
+                let q = t.words.as_ptr().add(p * NR);
+                (
+                    _mm512_castsi512_ps(_mm512_loadu_si512(q.cast())),
+                    _mm512_castsi512_ps(_mm512_loadu_si512(q.add(16).cast())),
+                )
+            };
+            let (w0, w1) = (
+                std::mem::transmute::<__m512, __m512bh>(w0),
+                std::mem::transmute::<__m512, __m512bh>(w1),
+            );
+            for i in 0..MR {
+                let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(xw(i, p)));
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], b, w0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], b, w1);
+            }
+        }
+        for i in 0..MR {
+            let mut o = [0.0f32; NR];
+            // SAFETY: o holds 32 floats; (i0 + i, c < cols) is this call's output.
+            unsafe {
+                _mm512_storeu_ps(o.as_mut_ptr(), acc[i][0]);
+                _mm512_storeu_ps(o.as_mut_ptr().add(16), acc[i][1]);
+                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
+            }
+        }
+    }
+}
