@@ -580,7 +580,7 @@ fn fast_bf16_prefill_is_the_same_on_every_isa_even_with_subnormals() {
     // exponent range), where the instruction's DAZ/FTZ decide the bits.
     let (n, k) = (37, 90);
     let mut g = Lcg(90);
-    let mut mag = |g: &mut Lcg| match g.next() % 4 {
+    let mag = |g: &mut Lcg| match g.next() % 4 {
         0 => 1.0,
         1 => 1e-20,
         2 => 1e-39, // subnormal in f32 and in bf16
