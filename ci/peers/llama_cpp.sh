@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Fetch llama.cpp's source (vendored in the llama-cpp-python sdist on PyPI) and build
+# llama-bench + llama-quantize twice: native (-march=native) and capped to AVX2.
+#
+# Usage: bash ci/peers/llama_cpp.sh            (uses $PEERS_DIR, default /work/peers-work)
+# Idempotent: every step is skipped when its output exists. Prints nothing on success
+# except progress lines; the build logs go to $PEERS_DIR/logs/.
+#
+# Env: PEERS_DIR, LLAMA_CPP_PY_VERSION (default: newest on PyPI), PEERS_JOBS (default nproc).
+set -euo pipefail
+
+PEERS_DIR=${PEERS_DIR:-/work/peers-work}
+JOBS=${PEERS_JOBS:-$(nproc)}
+VENV=$PEERS_DIR/venv
+mkdir -p "$PEERS_DIR"/{sdist,src,logs,build}
+log() { printf '[peers %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# 1. A venv with the build tools and the converter's dependencies (torch is not needed:
+#    convert_hf_to_gguf.py reads safetensors through its own lazy reader; numpy suffices).
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import cmake, ninja, numpy, gguf' 2>/dev/null; then
+  log "pip install build tools + converter deps"
+  "$VENV/bin/pip" install -q --upgrade pip
+  # Only the packages the converter imports for a safetensors input; no torch.
+  "$VENV/bin/pip" install -q cmake ninja numpy sentencepiece safetensors "transformers" matplotlib
+fi
+export PATH=$VENV/bin:$PATH
+
+# 2. The sdist. `--no-binary llama-cpp-python` (not :all:, which would also build cmake
+#    and ninja from source for the build backend) gives the .tar.gz with vendor/llama.cpp.
+SPEC=llama-cpp-python${LLAMA_CPP_PY_VERSION:+==$LLAMA_CPP_PY_VERSION}
+SDIST=$(ls "$PEERS_DIR"/sdist/llama_cpp_python-*.tar.gz 2>/dev/null | sort -V | tail -1 || true)
+if [ -z "$SDIST" ] || { [ -n "${LLAMA_CPP_PY_VERSION:-}" ] && [[ "$SDIST" != *-"$LLAMA_CPP_PY_VERSION".tar.gz ]]; }; then
+  log "pip download $SPEC (sdist)"
+  "$VENV/bin/pip" download -q --no-deps --no-binary llama-cpp-python "$SPEC" -d "$PEERS_DIR/sdist"
+  SDIST=$(ls "$PEERS_DIR"/sdist/llama_cpp_python-*.tar.gz | sort -V | tail -1)
+fi
+PYVER=$(basename "$SDIST" .tar.gz); PYVER=${PYVER#llama_cpp_python-}
+SRC=$PEERS_DIR/src/llama_cpp_python-$PYVER/vendor/llama.cpp
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  log "unpacking $SDIST"
+  tar xzf "$SDIST" -C "$PEERS_DIR/src"
+fi
+# The gguf package that matches the converter is the one vendored next to it.
+if ! "$VENV/bin/python" -c "import gguf,sys; sys.exit(0 if gguf.__file__.startswith('$SRC') else 1)" 2>/dev/null; then
+  "$VENV/bin/pip" install -q -e "$SRC/gguf-py"
+fi
+
+# 3. Two builds. Only the two targets; no tests/examples/server, no HTTPS (the tools
+#    never download here). OpenMP stays on (llama.cpp's default threadpool on Linux).
+COMMON=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+        -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF)
+NATIVE=(-DGGML_NATIVE=ON)
+AVX2=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+      -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+build() {  # build NAME FLAGS...
+  local name=$1; shift
+  local dir=$PEERS_DIR/build/$PYVER-$name
+  if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-quantize" ]; then
+    log "llama.cpp $name build present: $dir/bin"; return; fi
+  log "building llama.cpp ($name) in $dir; log: $PEERS_DIR/logs/build-$name.log"
+  local t0=$SECONDS
+  cmake -S "$SRC" -B "$dir" "${COMMON[@]}" "$@" >"$PEERS_DIR/logs/build-$name.log" 2>&1
+  cmake --build "$dir" -j "$JOBS" --target llama-bench llama-quantize >>"$PEERS_DIR/logs/build-$name.log" 2>&1 \
+    || { tail -30 "$PEERS_DIR/logs/build-$name.log" >&2; exit 1; }
+  log "built $name in $((SECONDS - t0)) s"
+}
+# One builder at a time (a second run.sh waits here instead of building into the same folder).
+exec 9>"$PEERS_DIR/build/.lock"
+flock 9
+build native "${NATIVE[@]}"
+build avx2 "${AVX2[@]}"
+
+# What the rest of the scripts read.
+cat >"$PEERS_DIR/llama_cpp.env" <<ENV
+LLAMA_CPP_PY_VERSION=$PYVER
+LLAMA_CPP_SRC=$SRC
+LLAMA_BIN_NATIVE=$PEERS_DIR/build/$PYVER-native/bin
+LLAMA_BIN_AVX2=$PEERS_DIR/build/$PYVER-avx2/bin
+ENV
+log "llama.cpp ready (llama-cpp-python $PYVER); see $PEERS_DIR/llama_cpp.env"
