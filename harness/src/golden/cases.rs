@@ -72,7 +72,9 @@ pub const MATRIX: &[Row] = &[
         paths: &["kv=paged", "session=reuse"],
     },
     // The CPU's `fast` numerics (int8 activations against 4-bit weights, bf16 activations
-    // against bf16 weights): its own goldens, CPU only, the same on every ISA.
+    // against bf16 weights): its own goldens, CPU only, the same on every ISA. No sparse MoE
+    // row: under `fast` a last-bit difference elsewhere (f32 GEMM on x86 vs aarch64) flips an
+    // expert choice, so its tokens are not the same across architectures.
     Row {
         family: "qwen3",
         formats: &[Format::Q4, Format::Bf16],
@@ -85,11 +87,6 @@ pub const MATRIX: &[Row] = &[
     },
     Row {
         family: "qwen3_5",
-        formats: &[Format::Q4],
-        paths: &["gdn=chunked+numerics=fast"],
-    },
-    Row {
-        family: "qwen3_5_moe",
         formats: &[Format::Q4],
         paths: &["gdn=chunked+numerics=fast"],
     },
