@@ -3,10 +3,12 @@
 
   rows.py llama RAW.jsonl ROWS.jsonl --isa native --model qwen3 --format q4 --repeat 0 [--context JSON]
   rows.py ours  RAW.jsonl ROWS.jsonl --isa avx2   --model qwen3 --format q4 --repeat 0 [--context JSON]
+  rows.py mlx_lm RAW.jsonl ROWS.jsonl --isa mlx-cpu --model qwen3 --format q4 --repeat 0 [--context JSON]
 
-RAW is llama-bench's `-o jsonl` or `harness sweep`'s output, holding this run's lines only.
+RAW is llama-bench's `-o jsonl`, `harness sweep`'s output or mlx_lm_bench.py's (the sweep's fields),
+holding this run's lines only.
 One row per (engine, isa, model, format, test, repeat):
-  engine       ours | llama.cpp
+  engine       ours | llama.cpp | mlx-lm
   isa          native | avx2 (the instruction-set cap the run was built / started with)
   model        qwen3 | qwen3_5 (bench widths, synthetic weights)
   format       bf16 | q4 | q8 (the class compared); weights: the engine's own encoding
@@ -24,6 +26,7 @@ import time
 WEIGHTS = {
     "ours": {"bf16": "bf16", "q4": "MLX affine q4 g64", "q8": "MLX affine q8 g32"},
     "llama.cpp": {"bf16": "BF16", "q4": "Q4_0", "q8": "Q8_0"},
+    "mlx-lm": {"bf16": "bf16", "q4": "MLX affine q4 g64", "q8": "MLX affine q8 g32"},
 }
 
 
@@ -59,7 +62,7 @@ def ours_rows(lines):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("engine", choices=["llama", "ours"])
+    ap.add_argument("engine", choices=["llama", "ours", "mlx_lm"])
     ap.add_argument("raw")
     ap.add_argument("rows")
     ap.add_argument("--isa", required=True)
@@ -68,7 +71,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, required=True)
     ap.add_argument("--context", default="{}", help="JSON merged into every row (machine, commit, ...)")
     a = ap.parse_args()
-    engine = "llama.cpp" if a.engine == "llama" else "ours"
+    engine = {"llama": "llama.cpp", "ours": "ours", "mlx_lm": "mlx-lm"}[a.engine]
     lines = [json.loads(l) for l in open(a.raw) if l.strip().startswith("{")]
     rows = list((llama_rows if a.engine == "llama" else ours_rows)(lines))
     if not rows:

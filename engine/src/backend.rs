@@ -9,6 +9,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
+use kernels::cpu::numerics::Numerics;
 
 use crate::Pipeline;
 
@@ -114,6 +115,25 @@ impl Backend {
         }
     }
 
+    /// The arithmetic a run gets when it names none: `fast` on Metal (weights in their stored
+    /// dtype, as mlx-lm runs on a Mac), `exact` elsewhere (f32; what the goldens hold).
+    pub fn default_numerics(self) -> Numerics {
+        match self {
+            Backend::Metal => Numerics::Fast,
+            _ => Numerics::Exact,
+        }
+    }
+
+    /// The numerics that decide how a model's weights are kept on this backend: MLX keeps them
+    /// in their stored dtype for `fast` and in f32 for `exact`; the CPU and CUDA keep one form
+    /// for both. Callers that cache loaded models key them by this.
+    pub fn resident_numerics(self, numerics: Numerics) -> Numerics {
+        match self {
+            Backend::Mlx | Backend::Metal => numerics,
+            Backend::Cpu | Backend::Cuda => Numerics::Exact,
+        }
+    }
+
     /// The tensor device the weights live on.
     pub fn device(self) -> kernels::Device {
         match self {
@@ -165,14 +185,21 @@ impl FromStr for Backend {
 }
 
 impl Pipeline {
-    /// Loads a checkpoint folder onto `backend`: the weights are read on the host, then moved
-    /// to the backend's device once.
+    /// Loads a checkpoint folder onto `backend` for its default numerics (see
+    /// [`Pipeline::load_for`]).
     pub fn load_on(dir: &Path, backend: Backend) -> Result<Pipeline> {
+        Pipeline::load_for(dir, backend, backend.default_numerics())
+    }
+
+    /// Loads a checkpoint folder onto `backend`: the weights are read on the host, then moved
+    /// to the backend's device once, in the form requests with `numerics` run fastest on (on
+    /// MLX: stored dtypes for `fast`, f32 for `exact`). Requests with the other numerics still
+    /// get their own results, casting weights per call.
+    pub fn load_for(dir: &Path, backend: Backend, numerics: Numerics) -> Result<Pipeline> {
         backend.activate()?;
         let mut p = Pipeline::load(dir)?;
         if backend != Backend::Cpu {
-            p.model
-                .to_device(backend.device())
+            kernels::cpu::numerics::with(numerics, || p.model.to_device(backend.device()))
                 .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;
         }
         Ok(p)

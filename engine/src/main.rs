@@ -159,13 +159,16 @@ struct RunArgs {
     /// [default: enough for the whole context; with --prompts, for every prompt and budget at once].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
     kv_blocks: Option<u64>,
-    /// CPU arithmetic: `exact` (f32 activations everywhere; what the goldens hold) or `fast`
-    /// (decode products with 4-bit group-64 weights quantize activations to int8 per group and
-    /// use integer dot products, as llama.cpp does; close to exact but not bit-equal). The
-    /// CPU's instruction set is detected at run time; ENGINE_CPU_ISA=avx2 (or portable,
-    /// avx512, avx512vnni, avx512bf16; neon, dotprod, i8mm on aarch64) caps it.
-    #[arg(long, value_name = "exact|fast", default_value = "exact")]
-    numerics: kernels::cpu::numerics::Numerics,
+    /// Arithmetic: `exact` (f32 activations everywhere; what the goldens hold) or `fast`.
+    /// On the CPU, `fast` quantizes activations to int8 per group against 4-bit group-64
+    /// weights (integer dot products, as llama.cpp does) and rounds them to bf16 against bf16
+    /// weights in prefill; close to exact but not bit-equal. On MLX, `fast` keeps weights in
+    /// their stored dtype (bf16 stays bf16, quantized keeps its bf16 scales) with activations
+    /// in that dtype, as mlx-lm runs. Default: `fast` on metal, `exact` elsewhere. The CPU's
+    /// instruction set is detected at run time; ENGINE_CPU_ISA=avx2 (or portable, avx512,
+    /// avx512vnni, avx512bf16; neon, dotprod, i8mm on aarch64) caps it.
+    #[arg(long, value_name = "exact|fast")]
+    numerics: Option<kernels::cpu::numerics::Numerics>,
 }
 
 impl RunArgs {
@@ -175,7 +178,16 @@ impl RunArgs {
         self.backend.require()?;
         kernels::cpu::isa::env_cap().map_err(anyhow::Error::msg)?;
         let gdn_path = GdnPath::resolve(self.gdn)?;
-        Ok((Pipeline::load_on(model, self.backend)?, gdn_path))
+        Ok((
+            Pipeline::load_for(model, self.backend, self.numerics())?,
+            gdn_path,
+        ))
+    }
+
+    /// `--numerics`, else the backend's default.
+    fn numerics(&self) -> kernels::cpu::numerics::Numerics {
+        self.numerics
+            .unwrap_or_else(|| self.backend.default_numerics())
     }
 
     fn options(&self, gdn_path: GdnPath) -> RequestOptions {
@@ -187,7 +199,7 @@ impl RunArgs {
             seed: self.seed,
             gdn_path: Some(gdn_path),
             flat_kv: self.flat_kv,
-            numerics: self.numerics,
+            numerics: self.numerics(),
             paged_kv: (self.kv == "paged").then_some(generate::PagedKv {
                 block_size: self.block_size as usize,
                 blocks: self.kv_blocks.map(|b| b as usize),

@@ -28,6 +28,11 @@ calls it made with their lengths T, and the range of the per-step log decay
 g_log = -exp(A_log)·softplus(a + dt_bias) seen, with how many (step, head) gates exp(g_log)
 underflowed to 0 in f32. Files for models without such layers are unchanged by this.
 
+With --native the folder loads as plain mlx_lm.load leaves it (bf16 stays bf16, quantized layers
+stay quantized with their stored scales) and runs in those dtypes: the reference for our MLX
+backend's native path (`--numerics fast` on MLX). Made with the MLX the engine links (see
+regenerate_native.sh).
+
 Usage:
   reference.py --model DIR --prompt-ids 1,2,3 [--prompt-ids 4,5 ...] [--chat "text" ...]
                --max-tokens 24 --top 8 --out FILE
@@ -227,6 +232,8 @@ def main() -> None:
     ap.add_argument("--label", help='the file\'s "model" field [default: the --model path]; for folders '
                     "outside the repository (the harness cache), so the file does not depend on where it was made")
     ap.add_argument("--synth", metavar="SPEC", help="the synthetic spec the folder was made from (recorded)")
+    ap.add_argument("--native", action="store_true",
+                    help="keep the stored dtypes (no widening, no dequantizing): mlx-lm as users run it")
     ap.add_argument("--checkpoint-sha256", metavar="HEX",
                     help="the folder's hash by `harness oracle prepare` (recorded; the check reports a "
                     "different hash as a stale reference)")
@@ -240,13 +247,17 @@ def main() -> None:
     import mlx_lm
     from mlx_lm import load
 
-    with widening_f32_loads():
+    if args.native:
         model, tokenizer, config = load(str(args.model), return_config=True)
+    else:
+        with widening_f32_loads():
+            model, tokenizer, config = load(str(args.model), return_config=True)
     # Qwen3.5-style folders nest the language model's fields under text_config.
     text_config = config.get("text_config", config)
     gdn = GdnRecorder() if any(getattr(l, "is_linear", False) for l in model.layers) else None
-    replaced = dequantize_to_f32(model)
-    model.set_dtype(mx.float32)
+    if not args.native:
+        replaced = dequantize_to_f32(model)
+        model.set_dtype(mx.float32)
     mx.eval(model.parameters())
 
     cases = []
@@ -284,8 +295,9 @@ def main() -> None:
         },
         "reference": {
             "implementation": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}, device cpu",
-            "dtype": "float32",
-            "upcast": "bf16/f16 tensors widened to f32 as read, before the model's sanitize; "
+            "dtype": "native" if args.native else "float32",
+            "upcast": "none: plain mlx_lm.load, stored dtypes" if args.native else
+            "bf16/f16 tensors widened to f32 as read, before the model's sanitize; "
             f"{replaced} quantized layers dequantized to f32 (affine scales/biases cast to f32 first); "
             "other params set_dtype(float32)",
             "decoding": "greedy (argmax of log-softmax), no EOS stop, mlx_lm.generate.generate_step",

@@ -722,8 +722,13 @@ fn gdn_check(
     Ok(())
 }
 
-/// Activations and recurrent state must be f32; the message names the offending tensor.
+/// Activations and recurrent state must be f32 (on MLX any float dtype: its ops cast what they
+/// need, and the native path carries bf16 activations); the message names the offending tensor.
 fn need_f32(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
+    #[cfg(feature = "mlx")]
+    if t.device() == crate::Device::Mlx && t.dtype().is_float() {
+        return Ok(());
+    }
     if t.dtype() != crate::DType::F32 {
         return Err(crate::Error::DType {
             op,

@@ -191,7 +191,8 @@ pub(super) fn moved(t: &Tensor, from: usize, len: usize, cap: usize) -> Result<T
     // Done on the host (rare: once per doubling, or once per window of decode steps) and put
     // back where the cache lived.
     let device = t.device();
-    let t = t.to_device(kernels::Device::Cpu)?;
+    // f32 on the host (MLX's native path keeps bf16 caches; widening is exact).
+    let t = t.to_device(kernels::Device::Cpu)?.to_f32()?;
     let src = t.f32s()?;
     let mut out = vec![0.0f32; h * cap * d];
     for head in 0..h {

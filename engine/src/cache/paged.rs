@@ -224,7 +224,8 @@ impl LayerPool {
         let at = b as usize * self.block;
         let mut out = Vec::new();
         for t in [&self.k, &self.v] {
-            let piece = t.narrow(1, at, n)?.to_device(Device::Cpu)?;
+            // f32 on the host (MLX's native path keeps bf16 pools; widening is exact).
+            let piece = t.narrow(1, at, n)?.to_device(Device::Cpu)?.to_f32()?;
             out.extend_from_slice(piece.f32s()?);
         }
         Ok(out)
@@ -235,7 +236,10 @@ impl LayerPool {
         let (b, hk, d) = (self.block, self.k.dim(0), self.k.dim(2));
         for t in [&mut self.k, &mut self.v] {
             // As `[n, Hk, D]` rows, the layout kv_write takes.
-            let piece = t.narrow(1, from as usize * b, n)?.to_device(Device::Cpu)?;
+            let piece = t
+                .narrow(1, from as usize * b, n)?
+                .to_device(Device::Cpu)?
+                .to_f32()?;
             let src = piece.f32s()?;
             let mut rows = vec![0.0f32; n * hk * d];
             for h in 0..hk {

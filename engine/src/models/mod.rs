@@ -247,8 +247,13 @@ fn head_logits(
     if let Some(c) = tail.softcap {
         logits = kernels::ops::softcap(&logits, c)?;
     }
-    // Sampling reads the logits on the host (a no-op for host tensors).
-    Ok(logits.to_device(kernels::Device::Cpu)?)
+    host_logits(&logits)
+}
+
+/// Logits as sampling reads them: f32 on the host (a no-op for host f32 tensors; MLX's native
+/// path computes them in bf16, which widens exactly).
+pub(crate) fn host_logits(logits: &Tensor) -> Result<Tensor> {
+    Ok(logits.to_device(kernels::Device::Cpu)?.to_f32()?)
 }
 
 /// Moves a decoder's embedding and LM head to `device`. A tied head is the embedding's own data

@@ -813,7 +813,7 @@ impl SelfDrafter for Qwen3_5 {
         } else {
             h.narrow0(h.dim(0) - 1, 1)?
         };
-        let logits = ops::matmul(&rows, &self.lm_head)?.to_device(kernels::Device::Cpu)?;
+        let logits = super::host_logits(&ops::matmul(&rows, &self.lm_head)?)?;
         Ok((logits, h))
     }
 
@@ -861,7 +861,7 @@ impl SelfDrafter for Qwen3_5 {
         let out = m.norm.forward(&x)?;
         let logits = if logits {
             let last = out.narrow0(out.dim(0) - 1, 1)?;
-            Some(ops::matmul(&last, &self.lm_head)?.to_device(kernels::Device::Cpu)?)
+            Some(super::host_logits(&ops::matmul(&last, &self.lm_head)?)?)
         } else {
             None
         };

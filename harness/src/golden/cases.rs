@@ -71,10 +71,11 @@ pub const MATRIX: &[Row] = &[
         formats: &[Format::F32],
         paths: &["kv=paged", "session=reuse"],
     },
-    // The CPU's `fast` numerics (int8 activations against 4-bit weights, bf16 activations
-    // against bf16 weights): its own goldens, CPU only, the same on every ISA. No sparse MoE
-    // row: under `fast` a last-bit difference elsewhere (f32 GEMM on x86 vs aarch64) flips an
-    // expert choice, so its tokens are not the same across architectures.
+    // The `fast` numerics, their own goldens: on the CPU int8 activations against 4-bit
+    // weights and bf16 activations against bf16 weights (the same on every ISA); on MLX the
+    // stored dtypes (mlx-lm's native bf16). No sparse MoE row: under `fast` a last-bit
+    // difference elsewhere (f32 GEMM on x86 vs aarch64) flips an expert choice, so its tokens
+    // are not the same across architectures.
     Row {
         family: "qwen3",
         formats: &[Format::Q4, Format::Bf16],
@@ -192,9 +193,9 @@ impl Case {
     }
 
     /// Whether the case belongs to `backend`'s goldens: a `numerics` path selects the CPU
-    /// kernels' arithmetic, so it has CPU goldens only.
+    /// kernels' arithmetic and MLX's dtypes; CUDA has one arithmetic, so no `numerics` cases.
     pub fn runs_on(&self, backend: engine::Backend) -> bool {
-        backend == engine::Backend::Cpu || self.path.numerics.is_none()
+        backend != engine::Backend::Cuda || self.path.numerics.is_none()
     }
 
     /// Whether `filter` (a substring; empty or `None` matches all) selects this case, by id or

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 pub use engine::Backend;
 use engine::{Pipeline, RequestOptions};
+use kernels::cpu::numerics::Numerics;
 
 pub use cases::{Case, MATRIX, MAX_TOKENS, PROMPTS};
 pub use file::{checkpoint_sha256, Golden};
@@ -253,14 +254,30 @@ fn for_each_case(
     while i < cases.len() {
         let spec = &cases[i].spec;
         let group = cases[i..].iter().take_while(|c| &c.spec == spec).count();
-        let loaded = models::synth_cached(spec).and_then(|dir| {
-            let hash = checkpoint_sha256(&dir)?;
-            Ok((Pipeline::load_on(&dir, opts.backend)?, hash))
-        });
+        let dir_hash =
+            models::synth_cached(spec).and_then(|dir| Ok((checkpoint_sha256(&dir)?, dir)));
+        // MLX keeps weights per numerics (see `Backend::resident_numerics`): one load for each.
+        let mut loads: Vec<(Numerics, Result<Pipeline>)> = Vec::new();
         for case in &cases[i..i + group] {
             let path = opts.dir.join(case.file_name());
-            let fresh = match &loaded {
-                Ok((p, hash)) => run_case(case, p, hash, &version),
+            let numerics = opts
+                .backend
+                .resident_numerics(case.path.numerics.unwrap_or_default());
+            let fresh = match &dir_hash {
+                Ok((hash, dir)) => {
+                    let at = match loads.iter().position(|(n, _)| *n == numerics) {
+                        Some(at) => at,
+                        None => {
+                            let p = Pipeline::load_for(dir, opts.backend, numerics);
+                            loads.push((numerics, p));
+                            loads.len() - 1
+                        }
+                    };
+                    match &loads[at].1 {
+                        Ok(p) => run_case(case, p, hash, &version),
+                        Err(e) => Err(anyhow::anyhow!("{spec}: {e:#}")),
+                    }
+                }
                 Err(e) => Err(anyhow::anyhow!("{spec}: {e:#}")),
             };
             visit(case, &path, fresh);

@@ -48,6 +48,9 @@ pub enum Source {
     /// A folder written by mlx-lm's own save functions and committed under
     /// `engine/tests/fixtures/mlx-written/<name>` (e.g. `qwen3_5-q4`).
     MlxWritten(String),
+    /// The same mlx-written folder against mlx-lm run in its stored dtypes
+    /// (`goldens/oracle/mlx-written-native/<name>`): the reference of MLX's native path.
+    MlxWrittenNative(String),
     /// A synthetic checkpoint, made on the fly (and cached) from its spec.
     Synth(SynthSpec),
 }
@@ -58,6 +61,9 @@ impl Source {
         let dir = goldens_dir(root);
         match self {
             Source::MlxWritten(name) => dir.join("mlx-written").join(format!("{name}.json")),
+            Source::MlxWrittenNative(name) => {
+                dir.join("mlx-written-native").join(format!("{name}.json"))
+            }
             Source::Synth(spec) => dir.join("synth").join(synth_file_name(spec)),
         }
     }
@@ -65,7 +71,7 @@ impl Source {
     /// The checkpoint folder; a synthetic one is written to the harness cache if absent.
     pub fn folder(&self, root: &Path) -> Result<PathBuf> {
         match self {
-            Source::MlxWritten(name) => {
+            Source::MlxWritten(name) | Source::MlxWrittenNative(name) => {
                 let dir = root.join("engine/tests/fixtures/mlx-written").join(name);
                 if !dir.join("config.json").is_file() {
                     bail!(
@@ -85,6 +91,7 @@ impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Source::MlxWritten(name) => write!(f, "mlx-written/{name}"),
+            Source::MlxWrittenNative(name) => write!(f, "mlx-written-native/{name}"),
             Source::Synth(spec) => write!(f, "synth/{spec}"),
         }
     }
@@ -122,6 +129,21 @@ pub fn sources() -> Vec<Source> {
         }
     }
     out.extend(synth_specs().into_iter().map(Source::Synth));
+    out
+}
+
+/// The native-dtype references (`regenerate_native.sh`): every mlx-written folder but the f32
+/// ones (whose native dtype is f32, the references above).
+pub fn native_sources() -> Vec<Source> {
+    let mut out = Vec::new();
+    for family in MLX_WRITTEN_FAMILIES {
+        for format in FORMATS.iter().filter(|f| **f != Format::F32) {
+            out.push(Source::MlxWrittenNative(format!(
+                "{family}-{}",
+                format.name()
+            )));
+        }
+    }
     out
 }
 

@@ -62,9 +62,16 @@ pub struct CheckArgs {
     #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
     pub gdn: Option<GdnPath>,
 
-    /// CPU arithmetic: `exact`, or `fast` (int8 activations in 4-bit decode products).
+    /// Arithmetic: `exact`, or `fast` (CPU: int8 activations against 4-bit weights, bf16
+    /// against bf16 weights; MLX: the stored dtypes, as mlx-lm runs).
     #[arg(long, value_name = "exact|fast", default_value = "exact")]
     pub numerics: kernels::cpu::numerics::Numerics,
+
+    /// Compare with mlx-lm run in the folders' stored dtypes (goldens/oracle/
+    /// mlx-written-native, written by harness/oracle/regenerate_native.sh) instead of the f32
+    /// references: the check for MLX's native path, `--backend mlx --numerics fast`.
+    #[arg(long)]
+    pub native_references: bool,
 
     /// Largest |top-1 log-prob difference| over matched steps that passes.
     #[arg(long, value_name = "NATS", default_value_t = DEFAULT_LOGPROB_TOL)]
@@ -115,6 +122,7 @@ fn run_check(c: &CheckArgs) -> Result<()> {
         gdn: c.gdn,
         numerics: c.numerics,
         logprob_tol: c.logprob_tol,
+        native_references: c.native_references,
         ..Options::default()
     };
     let tol = opts.logprob_tol;

@@ -272,6 +272,9 @@ pub struct Options {
     /// log-prob tolerance as `exact`).
     pub numerics: Numerics,
     pub logprob_tol: f32,
+    /// Check against mlx-lm run in the folders' stored dtypes (`goldens/oracle/
+    /// mlx-written-native`) instead of the f32 references: for MLX's native path.
+    pub native_references: bool,
 }
 
 impl Default for Options {
@@ -283,6 +286,7 @@ impl Default for Options {
             gdn: None,
             numerics: Numerics::Exact,
             logprob_tol: DEFAULT_LOGPROB_TOL,
+            native_references: false,
         }
     }
 }
@@ -480,7 +484,7 @@ fn check_source(
                 }));
             }
         }
-        Pipeline::load_on(&dir, opts.backend)
+        Pipeline::load_for(&dir, opts.backend, opts.numerics)
     })();
     match loaded {
         Ok(p) => {
@@ -526,10 +530,15 @@ impl std::error::Error for Stale {}
 /// as it is known. Each checkpoint is loaded once.
 pub fn check(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> CheckReport {
     let mut results = Vec::new();
-    for source in cases::sources() {
+    let sources = if opts.native_references {
+        cases::native_sources()
+    } else {
+        cases::sources()
+    };
+    for source in sources {
         check_source(opts, &source, &mut results, &mut progress);
     }
-    let orphans = if opts.filter.is_none() {
+    let orphans = if opts.filter.is_none() && !opts.native_references {
         cases::orphans(&opts.root)
     } else {
         Vec::new()

@@ -10,6 +10,9 @@
 //!   on every ISA (VNNI, AVX2 and portable code give the same bits). Other weight formats run
 //!   as in `exact`.
 //!
+//! On the MLX backend the same switch picks MLX's two modes (`mlx::ops::native`): `exact` runs
+//! in f32, `fast` keeps weights in their stored dtype with activations in it, as mlx-lm runs.
+//!
 //! The path is chosen per thread with [`with`] (the engine wraps a request in it), read once per
 //! op on the calling thread, so two requests on two threads may use different paths.
 

@@ -5,7 +5,9 @@
 
 use mlx_rs::{ops as mx, Array};
 
-use super::ops::{f32_array, mode_name, no_array, quant_arrays, raw_op, some_int};
+use super::ops::{
+    act_array, cast, f32_array, mode_name, native, no_array, quant_arrays, raw_op, some_int,
+};
 use super::{mlx_err, tensor_of};
 use crate::error::Result;
 use crate::{Tensor, Weight};
@@ -33,12 +35,20 @@ pub fn gather_matmul(
     let (t, k) = (x.dim(0) as i32, x.dim(1) as i32);
     let n = (w.rows() / experts) as i32;
     let e = experts as i32;
-    let xa = m!(op, f32_array(op, x)?.reshape(&[t, 1, k]));
+    // As `ops::matmul`: f32 on the exact path, the weight's (affine: its scales') dtype on the
+    // native path.
+    let xa = m!(op, act_array(op, x)?.reshape(&[t, 1, k]));
     let (lhs, rhs) = (indices(rows), indices(ids));
     let y = match w {
         Weight::Dense(d) => {
             // [E·N, K] → [E, K, N]: a view, the product is x · wᵀ per expert.
-            let wa = m!(op, f32_array(op, d)?.reshape(&[e, n, k]));
+            let wa = if native() {
+                super::array_of(op, d)?
+            } else {
+                f32_array(op, d)?
+            };
+            let xa = cast(op, xa, wa.dtype())?;
+            let wa = m!(op, wa.reshape(&[e, n, k]));
             let wt = m!(op, wa.swap_axes(1, 2));
             raw_op(op, |res, s| unsafe {
                 mlx_sys::mlx_gather_mm(
@@ -60,6 +70,10 @@ pub fn gather_matmul(
             };
             let (packed, scales) = (stack(packed)?, stack(scales)?);
             let biases = biases.map(stack).transpose()?;
+            let xa = match &biases {
+                Some(b) => cast(op, xa, b.dtype())?,
+                None => xa,
+            };
             let none = no_array();
             let b = biases.as_ref().unwrap_or(&none);
             raw_op(op, |res, s| unsafe {

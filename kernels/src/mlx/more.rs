@@ -4,7 +4,7 @@
 
 use mlx_rs::{ops as mx, Array};
 
-use super::ops::{dequantize, f32_array, quant_arrays, slice, slice_update};
+use super::ops::{act_array, dequantize, f32_array, native, quant_arrays, slice, slice_update};
 use super::{download, mlx_err, tensor_of};
 use crate::error::Result;
 use crate::ops::AttnParams;
@@ -35,13 +35,21 @@ fn scalar(x: f32) -> Array {
     Array::from_f32(x)
 }
 
+/// `x` as a 0-d array of `like`'s dtype, so a bf16 activation stays bf16 (an f32 scalar would
+/// promote it).
+fn scalar_as(op: &'static str, x: f32, like: &Array) -> Result<Array> {
+    super::ops::cast(op, scalar(x), like.dtype())
+}
+
 /// Rows `ids` of an embedding table on MLX: dense rows widened to f32; quantized rows (packed
 /// codes and scales, plus biases for affine) gathered first and then dequantized by MLX in the
-/// weight's mode, to f32, so the values equal the CPU's decoded rows.
+/// weight's mode, to f32, so the values equal the CPU's decoded rows. On the native path rows
+/// keep the table's dtype (quantized: the scales'), which sets the activations' dtype.
 pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     let op = "embedding";
     let idx = Array::from_slice(ids, &[ids.len() as i32]);
     let y = match w {
+        Weight::Dense(t) if native() => m!(op, act_array(op, t)?.take_axis(&idx, 0)),
         Weight::Dense(t) => m!(op, f32_array(op, t)?.take_axis(&idx, 0)),
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
@@ -129,7 +137,7 @@ fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result
     let sh = dims(op, &[t, hq, d, hk, kv])?;
     let qa = m!(
         op,
-        f32_array(op, q)?
+        act_array(op, q)?
             .reshape(&[1, sh[0], sh[1], sh[2]])
             .and_then(|a| a.transpose_axes(&[0, 2, 1, 3]))
     );
@@ -137,7 +145,7 @@ fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result
         let stop = dims(op, &[hk, kv, c.dim(2)])?;
         Ok(m!(
             op,
-            slice(op, &f32_array(op, c)?, &[0, 0, 0], &stop)?.expand_dims(0)
+            slice(op, &act_array(op, c)?, &[0, 0, 0], &stop)?.expand_dims(0)
         ))
     };
     let (ka, va) = (used(k)?, used(v)?);
@@ -185,7 +193,7 @@ pub fn attention_paged(
         .collect::<Result<Vec<i32>>>()?;
     let idx = Array::from_slice(&slots, &[slots.len() as i32]);
     let gather = |t: &Tensor| -> Result<Tensor> {
-        tensor_of(op, m!(op, f32_array(op, t)?.take_axis(&idx, 1)))
+        tensor_of(op, m!(op, act_array(op, t)?.take_axis(&idx, 1)))
     };
     attention(q, &gather(k)?, &gather(v)?, p)
 }
@@ -196,8 +204,14 @@ pub fn attention_paged(
 /// nothing else holds it (the cache tensor held the only handle).
 pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     let op = "kv_write";
-    let c = f32_array(op, cache)?;
-    let n = m!(op, f32_array(op, new)?.swap_axes(0, 1));
+    let n = m!(op, act_array(op, new)?.swap_axes(0, 1));
+    // The native path keeps the cache in the keys' dtype, as mlx-lm's KV cache does (a new
+    // f32 cache is cast once, at its first write).
+    let c = if native() {
+        super::ops::cast(op, super::array_of(op, cache)?, n.dtype())?
+    } else {
+        f32_array(op, cache)?
+    };
     let at = dims(op, &[pos])?[0];
     let out = slice_update(op, &c, &n, &[0, at, 0])?;
     *cache = tensor_of(op, out)?;
@@ -217,38 +231,46 @@ pub enum Unary {
 /// Elementwise activations, in the stable forms the CPU path uses.
 pub fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
     let op = "unary";
-    let xa = f32_array(op, x)?;
+    let xa = act_array(op, x)?;
+    let k = |v: f32| scalar_as(op, v, &xa);
     let y = match f {
         Unary::Sigmoid => m!(op, mx::sigmoid(&xa)),
         // max(x, 0) + log1p(e^-|x|): no overflow, no loss of tiny results.
-        Unary::Softplus => m!(
-            op,
-            mx::abs(&xa)
-                .and_then(mx::negative)
-                .and_then(mx::exp)
-                .and_then(mx::log1p)
-                .and_then(|l| mx::maximum(&xa, scalar(0.0))?.add(l))
-        ),
+        Unary::Softplus => {
+            let zero = k(0.0)?;
+            m!(
+                op,
+                mx::abs(&xa)
+                    .and_then(mx::negative)
+                    .and_then(mx::exp)
+                    .and_then(mx::log1p)
+                    .and_then(|l| mx::maximum(&xa, &zero)?.add(l))
+            )
+        }
         // x·sigmoid(2u), u = √(2/π)(x + 0.044715x³): the same identity as the CPU path.
         Unary::GeluTanh => {
             let cube = m!(op, xa.multiply(&xa).and_then(|s| s.multiply(&xa)));
+            let (a, b) = (k(0.044_715)?, k(1.595_769)?);
             m!(
                 op,
-                cube.multiply(scalar(0.044_715))
+                cube.multiply(&a)
                     .and_then(|c| c.add(&xa))
-                    .and_then(|u| u.multiply(scalar(1.595_769)))
+                    .and_then(|u| u.multiply(&b))
                     .and_then(mx::sigmoid)
                     .and_then(|s| xa.multiply(s))
             )
         }
-        Unary::Scale(s) => m!(op, xa.multiply(scalar(s))),
+        Unary::Scale(s) => m!(op, xa.multiply(k(s)?)),
         // tanh(x/c)·c, as mlx-lm's `logit_softcap`.
-        Unary::Softcap(c) => m!(
-            op,
-            xa.divide(scalar(c))
-                .and_then(mx::tanh)
-                .and_then(|t| t.multiply(scalar(c)))
-        ),
+        Unary::Softcap(c) => {
+            let c = k(c)?;
+            m!(
+                op,
+                xa.divide(&c)
+                    .and_then(mx::tanh)
+                    .and_then(|t| t.multiply(&c))
+            )
+        }
     };
     tensor_of(op, y)
 }
@@ -256,7 +278,7 @@ pub fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
 /// `silu(gate)·up`.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let op = "swiglu";
-    let (g, u) = (f32_array(op, gate)?, f32_array(op, up)?);
+    let (g, u) = (act_array(op, gate)?, act_array(op, up)?);
     let y = m!(
         op,
         mx::sigmoid(&g)
@@ -409,6 +431,8 @@ pub fn causal_conv1d(
     let op = "causal_conv1d";
     let (t, kw) = (x.dim(0), weight.dim(1));
     let hist = kw - 1;
+    // f32 on both paths: summing the taps in bf16 rounds after every tap, which mlx-lm's
+    // conv1d does not (measured: further from mlx-lm's native run, not closer).
     let xa = f32_array(op, x)?;
     let all = if hist > 0 {
         m!(op, mx::concatenate(&[f32_array(op, state)?, xa], 0))

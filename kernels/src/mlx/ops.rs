@@ -5,37 +5,94 @@
 use std::ffi::CStr;
 use std::sync::Once;
 
-use mlx_rs::{fast, ops as mx, Array, Stream};
+use mlx_rs::{fast, ops as mx, Array, Dtype, Stream};
 
 use super::{array_of, mlx_err, tensor_of};
 use crate::error::{invalid, Result};
 use crate::ops::RopeLayout;
 use crate::{DType, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
 
-/// `x @ wᵀ` for dense weights (any float dtype, promoted to f32 like the CPU path widens
-/// them; a weight made resident by [`resident_weight`] is f32 already, so nothing is cast per
-/// call) and for quantized weights of every mode through MLX's `quantized_matmul`, which reads
-/// the same packed codes and scales the CPU path decodes.
+/// `x @ wᵀ` for dense weights and for quantized weights of every mode (MLX's
+/// `quantized_matmul`, which reads the same packed codes and scales the CPU path decodes).
+///
+/// On the exact path (`numerics=exact`) the product is f32: `x` and a dense weight are widened
+/// like the CPU path widens them (a weight made resident by [`resident_weight`] on that path is
+/// f32 already, so nothing is cast per call). On the native path (`numerics=fast`, see
+/// [`native`]) the product runs in the weight's stored dtype, as mlx-lm runs it: `x` is cast to
+/// the dense weight's dtype, or to the affine scales' dtype for quantized weights.
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let op = "matmul";
-    let xa = f32_array(op, x)?;
+    let native = native();
     let y = match w {
         Weight::Dense(t) => {
-            let wa = f32_array(op, t)?;
+            let (xa, wa) = if native {
+                let wa = array_of(op, t)?;
+                (cast(op, act_array(op, x)?, wa.dtype())?, wa)
+            } else {
+                (f32_array(op, x)?, f32_array(op, t)?)
+            };
             let wt = wa.transpose().map_err(|e| mlx_err(op, e))?;
             mx::matmul(&xa, &wt).map_err(|e| mlx_err(op, e))?
         }
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
+            let xa = act_array(op, x)?;
+            let xa = match &biases {
+                // Affine: MLX computes in the scales' dtype (f32 on the exact path).
+                Some(b) => cast(op, xa, b.dtype())?,
+                None => xa,
+            };
             quantized_matmul(&xa, &packed, &scales, biases.as_ref(), q.spec)?
         }
     };
     tensor_of(op, y)
 }
 
+/// Whether this thread's request runs MLX in the checkpoint's stored dtypes (`numerics=fast`,
+/// mlx-lm's way: bf16 weights stay bf16, quantized weights keep their bf16 scales, and
+/// activations follow the weights' dtype) rather than in f32 (`numerics=exact`, the path the
+/// MLX goldens and the CPU parity were made on). See `cpu::numerics` for the CPU's meaning.
+pub fn native() -> bool {
+    crate::cpu::numerics::Numerics::current() == crate::cpu::numerics::Numerics::Fast
+}
+
+/// An activation as the elementwise ops take it: f32 on the exact path, its own float dtype on
+/// the native path (MLX then keeps bf16 in bf16 and promotes a bf16 ⊗ f32 pair to f32, as it
+/// does for mlx-lm).
+pub(crate) fn act_array(op: &'static str, t: &Tensor) -> Result<Array> {
+    if native() {
+        float_check(op, t)?;
+        array_of(op, t)
+    } else {
+        f32_array(op, t)
+    }
+}
+
+/// A parameter (a norm weight, a bias, a per-channel scale) for an op on activation `x`: on
+/// the native path in `x`'s dtype, as mlx-lm holds its parameters in the model dtype (the
+/// engine widens them to f32 at load; narrowing a widened bf16 value is exact), so the op
+/// stays in bf16; f32 on the exact path.
+pub(crate) fn like(op: &'static str, t: &Tensor, x: &Array) -> Result<Array> {
+    if native() {
+        cast(op, act_array(op, t)?, x.dtype())
+    } else {
+        f32_array(op, t)
+    }
+}
+
+/// `a` in `dtype` (no node when it already is).
+pub(crate) fn cast(op: &'static str, a: Array, dtype: Dtype) -> Result<Array> {
+    if a.dtype() == dtype {
+        Ok(a)
+    } else {
+        a.as_dtype(dtype).map_err(|e| mlx_err(op, e))
+    }
+}
+
 /// A quantized weight's packed codes, scales and biases as MLX arrays, in the dtypes MLX's
-/// quantized kernels take: affine scales and biases widened to f32 (exactly, so the product
-/// stays in f32 as on the CPU), fp scales as their u8 codes.
+/// quantized kernels take: on the exact path affine scales and biases widened to f32 (exactly,
+/// so the product stays in f32 as on the CPU), on the native path as stored; fp scales as their
+/// u8 codes.
 pub(crate) fn quant_arrays(
     op: &'static str,
     q: &QuantWeight,
@@ -47,12 +104,18 @@ pub(crate) fn quant_arrays(
     let Some(b) = &q.biases else {
         return invalid(op, "affine quantized weight without biases");
     };
+    if native() {
+        return Ok((packed, array_of(op, &q.scales)?, Some(array_of(op, b)?)));
+    }
     Ok((packed, f32_array(op, &q.scales)?, Some(f32_array(op, b)?)))
 }
 
-/// The weight as MLX keeps it for the forward: a copy on MLX, evaluated now, with dense
-/// weights and affine scales/biases already widened to f32 (exact), so no op casts a weight
-/// per call. The values are the CPU path's, which widens the same way per tile.
+/// The weight as MLX keeps it for the forward: a copy on MLX, evaluated now. On the exact path
+/// dense weights and affine scales/biases are widened to f32 here (exact), so no op casts a
+/// weight per call; the values are the CPU path's, which widens the same way per tile. On the
+/// native path (the thread's numerics when the model is loaded) they keep their stored dtypes,
+/// so a bf16 checkpoint holds half the memory and decode reads half the bytes. Either form
+/// serves either path (the other one casts per call), so only speed depends on the load.
 pub fn resident_weight(w: &Weight) -> Result<Weight> {
     let op = "to_device";
     let keep = |a: Array| -> Result<Tensor> {
@@ -60,6 +123,7 @@ pub fn resident_weight(w: &Weight) -> Result<Weight> {
         tensor_of(op, a)
     };
     Ok(match w {
+        Weight::Dense(t) if native() => Weight::Dense(keep(array_of(op, t)?)?),
         Weight::Dense(t) => Weight::Dense(keep(f32_array(op, t)?)?),
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
@@ -154,8 +218,9 @@ fn quantized_matmul(
     })
 }
 
-/// The f32 values of quantized rows (MLX's `dequantize` in `spec`'s mode; no global scale, as
-/// the formats we load have none).
+/// The values of quantized rows (MLX's `dequantize` in `spec`'s mode; no global scale, as the
+/// formats we load have none): f32 on the exact path, the scales' dtype on the native path (as
+/// mlx-lm's quantized embedding returns them).
 pub(crate) fn dequantize(
     packed: &Array,
     scales: &Array,
@@ -167,7 +232,7 @@ pub(crate) fn dequantize(
     let global_scale = no_array();
     let f32_out = mlx_sys::mlx_optional_dtype {
         value: mlx_sys::mlx_dtype__MLX_FLOAT32,
-        has_value: true,
+        has_value: !native(),
     };
     raw_op("dequantize", |res, s| unsafe {
         mlx_sys::mlx_dequantize(
@@ -236,8 +301,8 @@ pub(crate) fn slice(op: &'static str, a: &Array, start: &[i32], stop: &[i32]) ->
 /// RMSNorm through MLX's fused kernel (mlx-lm's `mx.fast.rms_norm`).
 pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
     let op = "rms_norm";
-    let xa = f32_array(op, x)?;
-    let wa = w.map(|w| f32_array(op, w)).transpose()?;
+    let xa = act_array(op, x)?;
+    let wa = w.map(|w| like(op, w, &xa)).transpose()?;
     let y = fast::rms_norm(&xa, wa.as_ref(), eps).map_err(|e| mlx_err(op, e))?;
     tensor_of(op, y)
 }
@@ -287,7 +352,7 @@ fn rope_fused(
     }
     let offset = i32::try_from(start).map_err(|_| mlx_err(op, "position too large"))?;
     // [T, H, D] -> [H, T, D]: positions run along the second-to-last axis.
-    let xa = f32_array(op, x)?
+    let xa = act_array(op, x)?
         .swap_axes(0, 1)
         .map_err(|e| mlx_err(op, e))?;
     let traditional = layout == RopeLayout::Interleaved;
@@ -300,14 +365,14 @@ fn rope_fused(
 /// Softmax over the last axis, computed in f32 (`precise`).
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let op = "softmax";
-    let y = mx::softmax_axis(f32_array(op, x)?, -1, true).map_err(|e| mlx_err(op, e))?;
+    let y = mx::softmax_axis(act_array(op, x)?, -1, true).map_err(|e| mlx_err(op, e))?;
     tensor_of(op, y)
 }
 
 /// `x · sigmoid(x)`, as mlx-lm's `nn.silu` writes it.
 pub fn silu(x: &Tensor) -> Result<Tensor> {
     let op = "silu";
-    let xa = f32_array(op, x)?;
+    let xa = act_array(op, x)?;
     let y = mx::sigmoid(&xa)
         .and_then(|s| xa.multiply(&s))
         .map_err(|e| mlx_err(op, e))?;
@@ -317,26 +382,39 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
 /// `a + b` with `b` broadcast over leading dims (the caller checked the shapes).
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let op = "add";
-    let y = mx::add(f32_array(op, a)?, f32_array(op, b)?).map_err(|e| mlx_err(op, e))?;
+    let y = {
+        let a = act_array(op, a)?;
+        mx::add(&a, like(op, b, &a)?)
+    }
+    .map_err(|e| mlx_err(op, e))?;
     tensor_of(op, y)
 }
 
 /// `a · b` with `b` broadcast over leading dims (the caller checked the shapes).
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let op = "mul";
-    let y = mx::multiply(f32_array(op, a)?, f32_array(op, b)?).map_err(|e| mlx_err(op, e))?;
+    let y = {
+        let a = act_array(op, a)?;
+        mx::multiply(&a, like(op, b, &a)?)
+    }
+    .map_err(|e| mlx_err(op, e))?;
     tensor_of(op, y)
+}
+
+fn float_check(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype().is_float() {
+        return Ok(());
+    }
+    Err(Error::DType {
+        op,
+        dtype: t.dtype(),
+        msg: "expected a float tensor".into(),
+    })
 }
 
 /// The tensor as an f32 MLX array (float dtypes are widened exactly).
 pub(crate) fn f32_array(op: &'static str, t: &Tensor) -> Result<Array> {
-    if !t.dtype().is_float() {
-        return Err(Error::DType {
-            op,
-            dtype: t.dtype(),
-            msg: "expected a float tensor".into(),
-        });
-    }
+    float_check(op, t)?;
     let a = array_of(op, t)?;
     if t.dtype() == DType::F32 {
         Ok(a)
