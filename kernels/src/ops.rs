@@ -503,7 +503,8 @@ pub fn all_finite(x: &Tensor) -> Result<bool> {
     if on_cuda(&[x]) {
         return crate::cuda::all_finite(x);
     }
-    let host = x.to_device(crate::Device::Cpu)?;
+    // f32 on the host (MLX's native path hands on bf16; widening keeps finiteness).
+    let host = x.to_device(crate::Device::Cpu)?.to_f32()?;
     Ok(host.f32s()?.iter().all(|v| v.is_finite()))
 }
 
