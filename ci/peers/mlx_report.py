@@ -14,6 +14,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from report import pyplot, ratio_plot  # ci/peers/report.py, next to this file
+
 
 def order(test: str):
     return (0 if test.startswith("pp") else 1, int("".join(c for c in test.split("@")[0] if c.isdigit()) or 0), test)
@@ -68,34 +70,15 @@ def markdown(lines, rows, timing) -> str:
 
 
 def plot(lines, out: Path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("mlx_report.py: matplotlib not installed; no plot", file=sys.stderr)
-        return []
-    sets = list(dict.fromkeys(l["ours"] for l in lines))
+    plt = pyplot()
     keys = list(dict.fromkeys((l["model"], l["format"], l["test"]) for l in lines))
-    if not keys:
+    if plt is None or not keys:
         return []
     by = {(l["ours"], l["model"], l["format"], l["test"]): l for l in lines}
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(keys) + 1.5))
-    h = 0.8 / max(1, len(sets))
-    for i, s in enumerate(sets):
-        vals = [(by.get((s, *k)) or {}).get("ratio") or 1.0 for k in keys]
-        ax.barh([y + (i - (len(sets) - 1) / 2) * h for y in range(len(keys))], [v - 1 for v in vals], left=1,
-                height=h, label=s)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_yticks(range(len(keys)), [" ".join(k) for k in keys], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("ours / mlx-lm (tokens/s; >1 = ours faster)")
-    ax.set_title("Peer benchmark on MLX: speed ratio")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "peers_mlx_ratio.png", dpi=120)
-    plt.close(fig)
+    sets = dict.fromkeys(l["ours"] for l in lines)
+    ratio_plot(plt, out / "peers_mlx_ratio.png", keys,
+               {s: [(by.get((s, *k)) or {}).get("ratio") for k in keys] for s in sets},
+               "ours / mlx-lm (tokens/s; >1 = ours faster)", "Peer benchmark on MLX: speed ratio")
     return ["peers_mlx_ratio.png"]
 
 

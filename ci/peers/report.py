@@ -142,39 +142,56 @@ def markdown(lines, weights, limits, machines, timing, rows) -> str:
     return "\n".join(out) + "\n"
 
 
-def plots(lines, out: Path):
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (with a note) when it is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("report.py: matplotlib not installed; no plots", file=sys.stderr)
+        print("report: matplotlib not installed; no plots", file=sys.stderr)
+        return None
+    return plt
+
+
+def ratio_plot(plt, path: Path, keys, series: dict, xlabel: str, title: str) -> None:
+    """Horizontal bars of speed ratios per key, one bar per series, growing from parity (1) on
+    a log axis, so 2x and 0.5x look alike. `series` maps a label to one ratio per key (None
+    draws nothing)."""
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(keys) + 1.5))
+    h = 0.8 / max(1, len(series))
+    for i, (label, vals) in enumerate(series.items()):
+        ax.barh([y + (i - (len(series) - 1) / 2) * h for y in range(len(keys))],
+                [(v or 1.0) - 1 for v in vals], left=1, height=h, label=label)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(keys)), [" ".join(k) for k in keys], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plots(lines, out: Path):
+    plt = pyplot()
+    if plt is None:
         return []
     by = {(l["isa"], l["model"], l["format"], l["test"]): l for l in lines}
     keys = [k for k in dict.fromkeys((l["model"], l["format"], l["test"]) for l in lines)
             if any((by.get((isa, *k)) or {}).get("ratio") for isa in ("native", "avx2"))]
     if not keys:
         return []
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(keys) + 1.5))
-    h = 0.4
-    for i, isa in enumerate(("native", "avx2")):
-        vals = [(by.get((isa, *k)) or {}).get("ratio") or 1.0 for k in keys]
-        # bars grow from 1 (parity) towards the ratio, on a log axis: 2x and 0.5x look alike
-        ax.barh([y + (i - 0.5) * h for y in range(len(keys))], [v - 1 for v in vals], left=1, height=h, label=isa)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_yticks(range(len(keys)), [" ".join(k) for k in keys], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("ours / llama.cpp (tokens/s; >1 = ours faster)")
-    ax.set_title("Peer benchmark on CPU: speed ratio")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "peers_ratio.png", dpi=120)
-    plt.close(fig)
+    ratio_plot(plt, out / "peers_ratio.png", keys,
+               {isa: [(by.get((isa, *k)) or {}).get("ratio") for k in keys] for isa in ("native", "avx2")},
+               "ours / llama.cpp (tokens/s; >1 = ours faster)", "Peer benchmark on CPU: speed ratio")
 
     keys = [k for k in dict.fromkeys((l["model"], l["format"], l["test"]) for l in lines)
             if all((by.get(("native", *k)) or {}).get(f"{e}_eff") for e in ENGINES)]
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(keys) + 1.5))
+    h = 0.4
     for i, e in enumerate(ENGINES):
         vals = [100 * ((by.get(("native", *k)) or {}).get(f"{e}_eff") or 0) for k in keys]
         ax.barh([y + (i - 0.5) * h for y in range(len(keys))], vals, height=h, label=e)

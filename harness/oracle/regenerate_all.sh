@@ -16,30 +16,12 @@ py="$here/.venv/bin/python"
 "$py" "$here/make_mlx_lfm2_fixtures.py" --out "$repo/engine/tests/fixtures/mlx-written"
 "$py" "$here/make_quant_fixtures.py" --out "$repo/kernels/tests/fixtures/quant"
 
-# Prompt arguments from prompts.json: each id list, then each chat message. The Qwen3.5 and LFM2
-# references add the long id prompts (after the short ones); the Qwen3 ones keep only the short ones.
-prompt_args_from() {
-    "$py" - "$here/prompts.json" "$1" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))
-for ids in p["prompt_ids"] + (p["long_prompt_ids"] if sys.argv[2] == "long" else []):
-    print("--prompt-ids"); print(",".join(map(str, ids)))
-for msg in p["chat"]:
-    print("--chat"); print(msg)
-PY
-}
-# Synthetic references: the id prompts only (7, 70 and 300 ids), for every family.
-prompt_args_ids() {
-    "$py" - "$here/prompts.json" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))
-for ids in p["prompt_ids"] + p["long_prompt_ids"]:
-    print("--prompt-ids"); print(",".join(map(str, ids)))
-PY
-}
-mapfile -t prompt_args < <(prompt_args_from short)
-mapfile -t prompt_args_long < <(prompt_args_from long)
-mapfile -t prompt_args_ids < <(prompt_args_ids)
+# Prompt arguments (prompt_args.py): the Qwen3 references take the short id prompts and the
+# chat messages; Qwen3.5 and LFM2 add the long id prompts; synthetic references take the id
+# prompts only (7, 70 and 300 ids), for every family.
+mapfile -t prompt_args < <("$py" "$here/prompt_args.py" short)
+mapfile -t prompt_args_long < <("$py" "$here/prompt_args.py" long)
+mapfile -t prompt_args_ids < <("$py" "$here/prompt_args.py" ids)
 cd "$repo"
 for dir in "$repo"/engine/tests/fixtures/mlx-written/qwen3-*/; do
     name="$(basename "$dir")"

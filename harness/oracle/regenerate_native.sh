@@ -15,18 +15,8 @@ py="${PY:-$here/.venv/bin/python}"
 [ -x "$py" ] || { echo "no python at $py: set PY to a venv with mlx[cpu]==0.32.2 and mlx-lm==0.32.2" >&2; exit 1; }
 "$py" -c 'import mlx.core as mx, sys; sys.exit(0 if mx.__version__ == "0.32.2" else f"mlx {mx.__version__}: the engine links 0.32.2")'
 
-prompt_args() {  # the short id prompts and the chat messages; `long` adds the long id prompts
-    "$py" - "$here/prompts.json" "$1" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))
-for ids in p["prompt_ids"] + (p["long_prompt_ids"] if sys.argv[2] == "long" else []):
-    print("--prompt-ids"); print(",".join(map(str, ids)))
-for msg in p["chat"]:
-    print("--chat"); print(msg)
-PY
-}
-mapfile -t short < <(prompt_args short)
-mapfile -t long < <(prompt_args long)
+mapfile -t short < <("$py" "$here/prompt_args.py" short)
+mapfile -t long < <("$py" "$here/prompt_args.py" long)
 cd "$repo"
 for dir in engine/tests/fixtures/mlx-written/*/; do
     name="$(basename "$dir")"

@@ -222,6 +222,14 @@ fn random_x(m: usize, k: usize, seed: u64) -> Vec<f32> {
 
 /// Checks `ops::matmul` against the f64 reference, element by element, with an f32 bound
 /// relative to `Σ|x·w|` of that element.
+/// `Σ x·w` in f64 and `Σ |x·w|` (the scale an error bound is relative to).
+fn dot_f64(x: &[f32], w: &[f64]) -> (f64, f64) {
+    x.iter().zip(w).fold((0.0, 0.0), |(sum, mag), (&a, &b)| {
+        let p = a as f64 * b;
+        (sum + p, mag + p.abs())
+    })
+}
+
 fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
     let w = random_weight(f, n, k, seed);
     let x = random_x(m, k, seed ^ 0x5EED);
@@ -232,12 +240,7 @@ fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
     let wr = reference(&w);
     for i in 0..m {
         for j in 0..n {
-            let (mut want, mut mag) = (0.0f64, 0.0f64);
-            for c in 0..k {
-                let p = x[i * k + c] as f64 * wr[j * k + c];
-                want += p;
-                mag += p.abs();
-            }
+            let (want, mag) = dot_f64(&x[i * k..(i + 1) * k], &wr[j * k..(j + 1) * k]);
             let got = y[i * n + j] as f64;
             // Within 1e-5 of the sum of |x·w| (cancellation makes a relative bound meaningless).
             approx::assert_abs_diff_eq!(got, want, epsilon = 1e-5 * mag + 1e-30);
@@ -619,12 +622,7 @@ fn fast_bf16_prefill_stays_within_the_activation_rounding_bound() {
         let y = fast.f32s().unwrap();
         for i in 0..m {
             for j in 0..n {
-                let (mut want, mut mag) = (0.0f64, 0.0f64);
-                for c in 0..k {
-                    let p = x[i * k + c] as f64 * wr[j * k + c];
-                    want += p;
-                    mag += p.abs();
-                }
+                let (want, mag) = dot_f64(&x[i * k..(i + 1) * k], &wr[j * k..(j + 1) * k]);
                 let tol = mag * (2f64.powi(-9) + k as f64 * 2f64.powi(-24));
                 let got = y[i * n + j] as f64;
                 assert!(

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 pub use engine::Backend;
 use engine::{Pipeline, RequestOptions};
-use kernels::cpu::numerics::Numerics;
 
 pub use cases::{Case, MATRIX, MAX_TOKENS, PROMPTS};
 pub use file::{checkpoint_sha256, Golden};
 
+use crate::backends::Loaded;
 use crate::models;
 
 /// `goldens/<device key>` in the workspace: `goldens/cpu`, `goldens/mlx-cpu`, ... (MLX on its
@@ -256,28 +256,17 @@ fn for_each_case(
         let group = cases[i..].iter().take_while(|c| &c.spec == spec).count();
         let dir_hash =
             models::synth_cached(spec).and_then(|dir| Ok((checkpoint_sha256(&dir)?, dir)));
-        // MLX keeps weights per numerics (see `Backend::resident_numerics`): one load for each.
-        let mut loads: Vec<(Numerics, Result<Pipeline>)> = Vec::new();
+        // Loaded once per backend and resident numerics (MLX keeps weights per numerics).
+        let mut loaded = dir_hash
+            .as_ref()
+            .map(|(hash, dir)| (hash, Loaded::new(dir)));
         for case in &cases[i..i + group] {
             let path = opts.dir.join(case.file_name());
-            let numerics = opts
-                .backend
-                .resident_numerics(case.path.numerics.unwrap_or_default());
-            let fresh = match &dir_hash {
-                Ok((hash, dir)) => {
-                    let at = match loads.iter().position(|(n, _)| *n == numerics) {
-                        Some(at) => at,
-                        None => {
-                            let p = Pipeline::load_for(dir, opts.backend, numerics);
-                            loads.push((numerics, p));
-                            loads.len() - 1
-                        }
-                    };
-                    match &loads[at].1 {
-                        Ok(p) => run_case(case, p, hash, &version),
-                        Err(e) => Err(anyhow::anyhow!("{spec}: {e:#}")),
-                    }
-                }
+            let fresh = match &mut loaded {
+                Ok((hash, l)) => l
+                    .ensure(opts.backend, case.path.numerics.unwrap_or_default())
+                    .map_err(|e| anyhow::anyhow!("{spec}: {e:#}"))
+                    .and_then(|p| run_case(case, p, hash, &version)),
                 Err(e) => Err(anyhow::anyhow!("{spec}: {e:#}")),
             };
             visit(case, &path, fresh);

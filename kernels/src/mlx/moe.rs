@@ -6,7 +6,7 @@
 use mlx_rs::{ops as mx, Array};
 
 use super::ops::{
-    act_array, cast, f32_array, mode_name, native, no_array, quant_arrays, raw_op, some_int,
+    act_array, cast, f32_array, mode_name, no_array, quant_arrays, quant_input, raw_op, some_int,
 };
 use super::{mlx_err, tensor_of};
 use crate::error::Result;
@@ -42,11 +42,7 @@ pub fn gather_matmul(
     let y = match w {
         Weight::Dense(d) => {
             // [E·N, K] → [E, K, N]: a view, the product is x · wᵀ per expert.
-            let wa = if native() {
-                super::array_of(op, d)?
-            } else {
-                f32_array(op, d)?
-            };
+            let wa = act_array(op, d)?;
             let xa = cast(op, xa, wa.dtype())?;
             let wa = m!(op, wa.reshape(&[e, n, k]));
             let wt = m!(op, wa.swap_axes(1, 2));
@@ -70,10 +66,7 @@ pub fn gather_matmul(
             };
             let (packed, scales) = (stack(packed)?, stack(scales)?);
             let biases = biases.map(stack).transpose()?;
-            let xa = match &biases {
-                Some(b) => cast(op, xa, b.dtype())?,
-                None => xa,
-            };
+            let xa = quant_input(op, xa, biases.as_ref())?;
             let none = no_array();
             let b = biases.as_ref().unwrap_or(&none);
             raw_op(op, |res, s| unsafe {

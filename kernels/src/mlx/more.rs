@@ -4,7 +4,7 @@
 
 use mlx_rs::{ops as mx, Array};
 
-use super::ops::{act_array, dequantize, f32_array, native, quant_arrays, slice, slice_update};
+use super::ops::{act_array, dequantize, f32_array, quant_arrays, slice, slice_update};
 use super::{download, mlx_err, tensor_of};
 use crate::error::Result;
 use crate::ops::AttnParams;
@@ -49,8 +49,7 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
     let op = "embedding";
     let idx = Array::from_slice(ids, &[ids.len() as i32]);
     let y = match w {
-        Weight::Dense(t) if native() => m!(op, act_array(op, t)?.take_axis(&idx, 0)),
-        Weight::Dense(t) => m!(op, f32_array(op, t)?.take_axis(&idx, 0)),
+        Weight::Dense(t) => m!(op, act_array(op, t)?.take_axis(&idx, 0)),
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
             let rows = |a: Array| -> Result<Array> { Ok(m!(op, a.take_axis(&idx, 0))) };
@@ -207,11 +206,7 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     let n = m!(op, act_array(op, new)?.swap_axes(0, 1));
     // The native path keeps the cache in the keys' dtype, as mlx-lm's KV cache does (a new
     // f32 cache is cast once, at its first write).
-    let c = if native() {
-        super::ops::cast(op, super::array_of(op, cache)?, n.dtype())?
-    } else {
-        f32_array(op, cache)?
-    };
+    let c = super::ops::cast(op, act_array(op, cache)?, n.dtype())?;
     let at = dims(op, &[pos])?[0];
     let out = slice_update(op, &c, &n, &[0, at, 0])?;
     *cache = tensor_of(op, out)?;

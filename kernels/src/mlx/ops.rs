@@ -22,30 +22,30 @@ use crate::{DType, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
 /// the dense weight's dtype, or to the affine scales' dtype for quantized weights.
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let op = "matmul";
-    let native = native();
+    let xa = act_array(op, x)?;
     let y = match w {
         Weight::Dense(t) => {
-            let (xa, wa) = if native {
-                let wa = array_of(op, t)?;
-                (cast(op, act_array(op, x)?, wa.dtype())?, wa)
-            } else {
-                (f32_array(op, x)?, f32_array(op, t)?)
-            };
+            let wa = act_array(op, t)?;
+            let xa = cast(op, xa, wa.dtype())?;
             let wt = wa.transpose().map_err(|e| mlx_err(op, e))?;
             mx::matmul(&xa, &wt).map_err(|e| mlx_err(op, e))?
         }
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
-            let xa = act_array(op, x)?;
-            let xa = match &biases {
-                // Affine: MLX computes in the scales' dtype (f32 on the exact path).
-                Some(b) => cast(op, xa, b.dtype())?,
-                None => xa,
-            };
+            let xa = quant_input(op, xa, biases.as_ref())?;
             quantized_matmul(&xa, &packed, &scales, biases.as_ref(), q.spec)?
         }
     };
     tensor_of(op, y)
+}
+
+/// The input of a quantized product: affine kernels compute in the scales' dtype (f32 on the
+/// exact path), so `x` is cast to the biases' (= scales') dtype; fp modes take `x` as it is.
+pub(crate) fn quant_input(op: &'static str, x: Array, biases: Option<&Array>) -> Result<Array> {
+    match biases {
+        Some(b) => cast(op, x, b.dtype()),
+        None => Ok(x),
+    }
 }
 
 /// Whether this thread's request runs MLX in the checkpoint's stored dtypes (`numerics=fast`,
@@ -56,9 +56,9 @@ pub fn native() -> bool {
     crate::cpu::numerics::Numerics::current() == crate::cpu::numerics::Numerics::Fast
 }
 
-/// An activation as the elementwise ops take it: f32 on the exact path, its own float dtype on
-/// the native path (MLX then keeps bf16 in bf16 and promotes a bf16 ⊗ f32 pair to f32, as it
-/// does for mlx-lm).
+/// A float tensor (activation or weight) as the ops take it: f32 on the exact path, its own
+/// dtype on the native path (MLX then keeps bf16 in bf16 and promotes a bf16 ⊗ f32 pair to f32,
+/// as it does for mlx-lm; products cast their input to the weight's dtype).
 pub(crate) fn act_array(op: &'static str, t: &Tensor) -> Result<Array> {
     if native() {
         float_check(op, t)?;
@@ -73,11 +73,8 @@ pub(crate) fn act_array(op: &'static str, t: &Tensor) -> Result<Array> {
 /// engine widens them to f32 at load; narrowing a widened bf16 value is exact), so the op
 /// stays in bf16; f32 on the exact path.
 pub(crate) fn like(op: &'static str, t: &Tensor, x: &Array) -> Result<Array> {
-    if native() {
-        cast(op, act_array(op, t)?, x.dtype())
-    } else {
-        f32_array(op, t)
-    }
+    // On the exact path `x` is f32 and `act_array` already widened `t`: the cast is a no-op.
+    cast(op, act_array(op, t)?, x.dtype())
 }
 
 /// `a` in `dtype` (no node when it already is).
@@ -104,10 +101,7 @@ pub(crate) fn quant_arrays(
     let Some(b) = &q.biases else {
         return invalid(op, "affine quantized weight without biases");
     };
-    if native() {
-        return Ok((packed, array_of(op, &q.scales)?, Some(array_of(op, b)?)));
-    }
-    Ok((packed, f32_array(op, &q.scales)?, Some(f32_array(op, b)?)))
+    Ok((packed, act_array(op, &q.scales)?, Some(act_array(op, b)?)))
 }
 
 /// The weight as MLX keeps it for the forward: a copy on MLX, evaluated now. On the exact path
@@ -123,8 +117,7 @@ pub fn resident_weight(w: &Weight) -> Result<Weight> {
         tensor_of(op, a)
     };
     Ok(match w {
-        Weight::Dense(t) if native() => Weight::Dense(keep(array_of(op, t)?)?),
-        Weight::Dense(t) => Weight::Dense(keep(f32_array(op, t)?)?),
+        Weight::Dense(t) => Weight::Dense(keep(act_array(op, t)?)?),
         Weight::Quant(q) => {
             let (packed, scales, biases) = quant_arrays(op, q)?;
             Weight::Quant(QuantWeight {
