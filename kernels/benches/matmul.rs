@@ -8,6 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kernels::cpu::numerics::{self, Numerics};
 use kernels::quant::quantize;
 use kernels::{ops, DType, QuantMode, QuantSpec, Tensor, Weight};
 
@@ -109,6 +110,14 @@ fn bench_group(c: &mut Criterion, name: &str, p: &Problem, formats: &[&str], wit
         g.bench_function(format!("matmul_{f}"), |b| {
             b.iter(|| black_box(ops::matmul(&p.x, &w).unwrap()))
         });
+        if f != "f32" {
+            // The `fast` path: bf16 products / int8 activations against 4-bit codes.
+            g.bench_function(format!("matmul_{f}_fast"), |b| {
+                b.iter(|| {
+                    numerics::with(Numerics::Fast, || black_box(ops::matmul(&p.x, &w).unwrap()))
+                })
+            });
+        }
     }
     g.finish();
 }
@@ -136,6 +145,16 @@ fn benches(c: &mut Criterion) {
         &decode,
         &["f32", "bf16", "q4g64"],
         true,
+    );
+    // A tied LM head of 151936 × 1024 (Qwen3-0.6B's): far past the caches, so decode streams
+    // it from memory, as a whole model's weights are.
+    let head = Problem::new(1, 151_936, 1024);
+    bench_group(
+        c,
+        "decode_lm_head_1x1024x151936",
+        &head,
+        &["bf16", "q4g64"],
+        false,
     );
 }
 

@@ -3,6 +3,7 @@
 //! give the same bits in thread pools of 1 and 2 threads.
 
 use half::{bf16, f16};
+use kernels::cpu::isa;
 use kernels::ops::{self, AttnParams, RopeLayout};
 use kernels::{DType, Tensor};
 
@@ -397,6 +398,65 @@ fn paged(
         }
     }
     pool
+}
+
+/// Decode-sized calls (up to 5 query positions, the most an MTP verification runs) take their
+/// own kernels. Each output row must be one function of its position: the same bits alone as
+/// alongside other rows (so verifying drafts rounds like decoding them one by one), and the
+/// same at every ISA level. Closeness to the f64 reference is `attention_matches_reference`'s.
+#[test]
+fn decode_attention_rows_are_independent_and_isa_invariant() {
+    let mut rng = Rng(21);
+    let bits = |t: Tensor| -> Vec<u32> { values(&t).iter().map(|v| v.to_bits()).collect() };
+    for case in 0..24 {
+        let group = [1, 2, 4, 8][case % 4];
+        let hk = rng.int(1, 3);
+        let d = rng.pick(&[1, 8, 17, 64, 100, 128, 256]);
+        let t_len = rng.int(2, 5);
+        // Long enough for several key tiles of 256.
+        let q_start = rng.int(0, 700);
+        let kv_len = q_start + t_len;
+        let cap = kv_len + rng.pick(&[0, 3]);
+        let window = (case % 3 == 0).then(|| rng.int(1, kv_len + 3));
+        let softcap = (case % 5 == 4).then(|| rng.uniform(5.0, 30.0));
+        let p = AttnParams {
+            q_start,
+            kv_len,
+            scale: 1.0 / (d as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let hq = hk * group;
+        let q = rng.vec(t_len * hq * d, 10.0);
+        let k = tensor(&[hk, cap, d], cache(&mut rng, hk, cap, kv_len, d, 1.0));
+        let v = tensor(&[hk, cap, d], cache(&mut rng, hk, cap, kv_len, d, 1.0));
+        let what = format!("case {case}: T={t_len} q_start={q_start} Hq={hq} Hk={hk} D={d}");
+        let at = |level: &str, q: &[f32], rows: usize, p: &AttnParams| {
+            isa::with_cap(level, || {
+                bits(ops::attention(&tensor(&[rows, hq, d], q.to_vec()), &k, &v, p).unwrap())
+            })
+            .unwrap()
+        };
+        let all = at("native", &q, t_len, &p);
+        for level in isa::LEVELS {
+            assert!(
+                at(level, &q, t_len, &p) == all,
+                "{what}: ISA level {level} differs from native"
+            );
+        }
+        let width = hq * d;
+        for t in 0..t_len {
+            let one = AttnParams {
+                q_start: q_start + t,
+                ..p
+            };
+            let alone = at("native", &q[t * width..(t + 1) * width], 1, &one);
+            assert!(
+                alone[..] == all[t * width..(t + 1) * width],
+                "{what}: row {t} differs alone and in a call of {t_len}"
+            );
+        }
+    }
 }
 
 #[test]

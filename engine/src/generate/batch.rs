@@ -196,7 +196,8 @@ fn batch_on(
             continue;
         }
         let mut states: Vec<&mut ModelState> = running.iter_mut().map(|s| &mut s.state).collect();
-        let logits = model.decode_batch(&next, &mut states)?;
+        let logits =
+            crate::models::on_host_pool(model.device(), || model.decode_batch(&next, &mut states))?;
         for (i, seq) in running.iter_mut().enumerate() {
             seq.logits = logits.narrow0(i, 1)?;
         }

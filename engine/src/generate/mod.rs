@@ -109,7 +109,9 @@ pub(crate) fn prefill(
 ) -> Result<kernels::Tensor> {
     let mut logits = None;
     for piece in ids.chunks(step.unwrap_or(ids.len()).max(1)) {
-        logits = Some(model.forward(piece, state, false)?);
+        logits = Some(crate::models::on_host_pool(model.device(), || {
+            model.forward(piece, state, false)
+        })?);
     }
     Ok(logits.expect("prefill of a non-empty prompt"))
 }
@@ -305,6 +307,7 @@ fn generate_on(
             vocab: model.info().vocab_size,
             sampling: req.sampling,
             start,
+            device: model.device(),
         };
         let d = speculative::decode(
             drafter,
@@ -378,7 +381,9 @@ pub(crate) fn continue_plain(
                 if d.tokens.len() == d.budget {
                     break FinishReason::Length;
                 }
-                logits = model.forward(&[next], state, false)?;
+                logits = crate::models::on_host_pool(model.device(), || {
+                    model.forward(&[next], state, false)
+                })?;
             }
         }
     };

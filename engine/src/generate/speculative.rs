@@ -10,6 +10,7 @@
 //! be trimmed, KV caches are trimmed. The head keeps its own KV caches, rolled back the same
 //! way after its chained drafts.
 
+use crate::models::on_host_pool;
 use anyhow::Result;
 use kernels::{ops, Tensor};
 
@@ -75,6 +76,8 @@ pub(super) struct Setup<'a> {
     pub sampling: SamplingParams,
     /// When the prompt entered the engine (TTFT is measured from it).
     pub start: std::time::Instant,
+    /// Where the model's weights live (forwards on the CPU run on its thread pool).
+    pub device: kernels::Device,
 }
 
 /// The speculative loop from an empty `state` (greedy, or sampled by [`accept_sampled`]); `on_token` sees every emitted token.
@@ -108,7 +111,7 @@ pub(super) fn decode(
     let mut last_hidden = None;
     let mut at = 0;
     for piece in prompt.chunks(setup.prefill_step) {
-        let (l, h) = drafter.forward_hidden(piece, state, false)?;
+        let (l, h) = on_host_pool(setup.device, || drafter.forward_hidden(piece, state, false))?;
         let end = at + piece.len();
         let next = &prompt[at + 1..end.min(prompt.len() - 1) + 1];
         let known = next.len().min(piece.len());
@@ -161,7 +164,8 @@ pub(super) fn decode(
         let mut ids = Vec::with_capacity(depth + 1);
         ids.push(x);
         ids.extend(&drafts);
-        let (verify, verify_hidden) = drafter.forward_hidden(&ids, state, true)?;
+        let (verify, verify_hidden) =
+            on_host_pool(setup.device, || drafter.forward_hidden(&ids, state, true))?;
         super::check_finite(&verify, state.pos)?;
         let (kept, correction) = match sampler.as_mut() {
             None => {
@@ -183,7 +187,9 @@ pub(super) fn decode(
             // Back to `x`, then the kept tokens again: the rejected drafts left their marks in
             // the recurrent state.
             state.rollback(&before)?;
-            let (_, h) = drafter.forward_hidden(&ids[..kept + 1], state, false)?;
+            let (_, h) = on_host_pool(setup.device, || {
+                drafter.forward_hidden(&ids[..kept + 1], state, false)
+            })?;
             hidden = h;
             out.stats.replays += 1;
         }

@@ -71,6 +71,17 @@ pub(crate) fn moe_info(
     }
 }
 
+/// Runs `f`, one forward of a model whose weights live on `device`, on the CPU kernels' thread pool when the weights live on
+/// the host (see `kernels::cpu::pool`); other devices keep it on the calling thread, which
+/// their contexts are bound to.
+pub(crate) fn on_host_pool<R: Send>(device: kernels::Device, f: impl FnOnce() -> R + Send) -> R {
+    if device == kernels::Device::Cpu {
+        kernels::cpu::pool::on_pool(f)
+    } else {
+        f()
+    }
+}
+
 /// A decoder-only language model: a forward over any number of new tokens that extends a
 /// sequence state. Multi-token forwards serve prefill and speculative verification alike.
 pub trait CausalLm: Send + Sync {
@@ -127,7 +138,7 @@ pub fn decode_each<M: CausalLm + ?Sized>(
 /// A model that drafts its own next tokens (Qwen3.5's multi-token-prediction head): the head
 /// reads the main model's hidden state at position `t` with the token at `t + 1` and predicts
 /// the token at `t + 2`; chained on its own output it drafts further.
-pub trait SelfDrafter {
+pub trait SelfDrafter: Sync {
     /// [`CausalLm::forward`] that also returns the hidden state of every position after the
     /// final norm, `[T, H]` on the model's device.
     fn forward_hidden(

@@ -3,9 +3,15 @@
 //! with a single-threaded gemm, and folds each tile into an online softmax. Tasks split the
 //! output only, and a task's key tiles are always walked in the same order, so the result is
 //! bit-identical for any thread count.
+//!
+//! Decode-sized calls (at most [`SMALL_T`] query positions) score and accumulate with the
+//! kernels of `attention_decode` instead of gemm, whose packing dominated decode steps.
 
 use rayon::prelude::*;
 
+use super::attention_decode as decode;
+use super::isa::Isa;
+use super::matmul::DECODE_MAX_M;
 use super::unary::exp_approx;
 use crate::ops::AttnParams;
 use crate::{Result, Tensor};
@@ -16,6 +22,10 @@ const TASK_ROWS: usize = 64;
 /// Keys scored per step of the online softmax; the score tile (`TASK_ROWS × KEY_TILE` f32)
 /// stays in L2.
 const KEY_TILE: usize = 256;
+/// Calls with at most this many query positions (one decode token, or the tokens of an MTP
+/// verification, as for the matmuls) take [`Geometry::task_small`]: per row, the same bits
+/// whichever of them it is.
+const SMALL_T: usize = DECODE_MAX_M;
 
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
     run(q, k, v, None, p)
@@ -60,6 +70,8 @@ fn run(q: &Tensor, k: &Tensor, v: &Tensor, pages: Option<Pages>, p: &AttnParams)
         p: *p,
     };
     let span = |b: usize| (b * block, ((b + 1) * block).min(t_len));
+    // Read once here, on the calling thread (see `isa`).
+    let isa = Isa::current();
     let tiles: Vec<Vec<f32>> = (0..hk * blocks)
         .into_par_iter()
         .map(|task| {
@@ -70,7 +82,11 @@ fn run(q: &Tensor, k: &Tensor, v: &Tensor, pages: Option<Pages>, p: &AttnParams)
                 vs: &vs[cache],
                 pages,
             };
-            geom.task(qs, keys, h, span(b))
+            if t_len <= SMALL_T {
+                geom.task_small(isa, qs, keys, h, span(b))
+            } else {
+                geom.task(qs, keys, h, span(b))
+            }
         })
         .collect();
     for (task, tile) in tiles.iter().enumerate() {
@@ -152,6 +168,17 @@ impl Geometry {
         ((ta - t0) * self.group, (tb - t0) * self.group)
     }
 
+    /// This KV head's query rows for positions `t0..t1`, `[(t - t0)·group + j, D]`.
+    fn query_rows(&self, qs: &[f32], h: usize, (t0, t1): (usize, usize)) -> Vec<f32> {
+        let (d, g) = (self.d, self.group);
+        let mut qt = Vec::with_capacity((t1 - t0) * g * d);
+        for t in t0..t1 {
+            let at = (t * self.hq + h * g) * d;
+            qt.extend_from_slice(&qs[at..at + g * d]);
+        }
+        qt
+    }
+
     /// Output rows `(t, j)` for `t` in `t0..t1` and the group's heads `j`, `[rows, D]` with
     /// row `(t - t0)·group + j`. `keys` are this KV head's.
     ///
@@ -159,20 +186,13 @@ impl Geometry {
     /// the layout gemm's micro-kernels write without transposing, and it makes the softmax
     /// bookkeeping (masking, running max and sum, rescaling) run along contiguous rows.
     fn task(&self, qs: &[f32], keys: Keys, h: usize, (t0, t1): (usize, usize)) -> Vec<f32> {
-        let (d, g) = (self.d, self.group);
-        let m = (t1 - t0) * g;
-        let mut qt = Vec::with_capacity(m * d);
-        for t in t0..t1 {
-            let at = (t * self.hq + h * g) * d;
-            qt.extend_from_slice(&qs[at..at + g * d]);
-        }
+        let d = self.d;
+        let m = (t1 - t0) * self.group;
+        let qt = self.query_rows(qs, h, (t0, t1));
         let (first, _) = self.keys(t0);
         let (_, end) = self.keys(t1 - 1);
         let mut o = vec![0.0f32; d * m];
-        let mut run_max = vec![f32::NEG_INFINITY; m];
-        let mut run_sum = vec![0.0f32; m];
-        let (mut shift, mut corr, mut tile_sum) =
-            (vec![0.0f32; m], vec![0.0f32; m], vec![0.0f32; m]);
+        let mut soft = Online::new(m);
         let mut scores = vec![0.0f32; m * KEY_TILE.min(end - first)];
         let mut scratch = (Vec::new(), Vec::new());
         for j0 in (first..end).step_by(KEY_TILE) {
@@ -187,56 +207,13 @@ impl Geometry {
                 (ks, 1, d),
                 self.p.scale,
             );
-            let mut tile_max = std::mem::take(&mut shift);
-            tile_max.fill(f32::NEG_INFINITY);
-            for (c, col) in s.chunks_mut(m).enumerate() {
-                let (a, b) = self.rows_seeing(j0 + c, (t0, t1));
-                col[..a].fill(f32::NEG_INFINITY);
-                col[b.max(a)..].fill(f32::NEG_INFINITY);
-                let live = &mut col[a..b.max(a)];
-                if let Some(cap) = self.p.softcap {
-                    live.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-                }
-                tile_max[a..b.max(a)]
-                    .iter_mut()
-                    .zip(live.iter())
-                    .for_each(|(mx, &x)| *mx = mx.max(x));
-            }
-            // New running max; a row with no visible key yet shifts by 0 instead, so its
-            // masked scores give exp(-inf) = 0 rather than exp(-inf + inf) = NaN.
-            shift = tile_max;
-            for r in 0..m {
-                let new_max = run_max[r].max(shift[r]);
-                shift[r] = if new_max == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    new_max
-                };
-                corr[r] = exp_approx(run_max[r] - shift[r]);
-                run_max[r] = new_max;
-            }
-            tile_sum.fill(0.0);
-            for col in s.chunks_mut(m) {
-                col.iter_mut()
-                    .zip(&shift)
-                    .zip(tile_sum.iter_mut())
-                    .for_each(|((x, &sh), sum)| {
-                        *x = exp_approx(*x - sh);
-                        *sum += *x;
-                    });
-            }
-            run_sum
-                .iter_mut()
-                .zip(&corr)
-                .zip(&tile_sum)
-                .for_each(|((l, &c), &t)| *l = *l * c + t);
+            soft.fold(self, s, j0, (t0, t1));
             for col in o.chunks_mut(m) {
-                col.iter_mut().zip(&corr).for_each(|(x, &c)| *x *= c);
+                col.iter_mut().zip(&soft.corr).for_each(|(x, &c)| *x *= c);
             }
             gemm_into((m, d, nk), (&mut o, 1, m), true, (s, 1, m), (vs, d, 1), 1.0);
         }
-        // Every row sees at least its own position, so the sum is >= 1 unless inputs are NaN.
-        let inv: Vec<f32> = run_sum.iter().map(|&l| 1.0 / l).collect();
+        let inv = soft.inverse_sums();
         let mut rows = vec![0.0f32; m * d];
         for (c, col) in o.chunks(m).enumerate() {
             for (r, (&x, &iv)) in col.iter().zip(&inv).enumerate() {
@@ -244,6 +221,126 @@ impl Geometry {
             }
         }
         rows
+    }
+
+    /// [`Self::task`] for a decode-sized call (at most [`SMALL_T`] query positions): the same
+    /// tiles and softmax, with the two products done by `attention_decode` instead of gemm,
+    /// and the accumulator kept row-major.
+    fn task_small(
+        &self,
+        isa: Isa,
+        qs: &[f32],
+        keys: Keys,
+        h: usize,
+        (t0, t1): (usize, usize),
+    ) -> Vec<f32> {
+        let d = self.d;
+        let m = (t1 - t0) * self.group;
+        let qt = self.query_rows(qs, h, (t0, t1));
+        let (first, _) = self.keys(t0);
+        let (_, end) = self.keys(t1 - 1);
+        let mut o = vec![0.0f32; m * d];
+        let mut soft = Online::new(m);
+        let mut scores = vec![0.0f32; m * KEY_TILE.min(end - first)];
+        let mut scratch = (Vec::new(), Vec::new());
+        // Tiles end at multiples of KEY_TILE: each row's softmax then folds the same tiles
+        // whichever rows share the call (keys a row does not see add exactly nothing).
+        let mut j0 = first;
+        while j0 < end {
+            let nk = ((j0 / KEY_TILE + 1) * KEY_TILE).min(end) - j0;
+            let (ks, vs) = keys.tile((j0, nk, d), &mut scratch);
+            let s = &mut scores[..m * nk];
+            decode::scores(isa, &qt, m, ks, nk, d, self.p.scale, s);
+            soft.fold(self, s, j0, (t0, t1));
+            for (row, &c) in o.chunks_mut(d).zip(&soft.corr) {
+                row.iter_mut().for_each(|x| *x *= c);
+            }
+            decode::accumulate(isa, s, m, vs, nk, d, &mut o);
+            j0 += nk;
+        }
+        for (row, iv) in o.chunks_mut(d).zip(soft.inverse_sums()) {
+            row.iter_mut().for_each(|x| *x *= iv);
+        }
+        o
+    }
+}
+
+/// The online softmax of one task's `m` score rows, folded one key tile at a time.
+struct Online {
+    run_max: Vec<f32>,
+    run_sum: Vec<f32>,
+    shift: Vec<f32>,
+    /// After [`Online::fold`]: the factor each row's accumulator must be scaled by before the
+    /// tile's values are added.
+    corr: Vec<f32>,
+    tile_sum: Vec<f32>,
+}
+
+impl Online {
+    fn new(m: usize) -> Online {
+        Online {
+            run_max: vec![f32::NEG_INFINITY; m],
+            run_sum: vec![0.0; m],
+            shift: vec![0.0; m],
+            corr: vec![0.0; m],
+            tile_sum: vec![0.0; m],
+        }
+    }
+
+    /// Masks (causal, window) and soft-caps the tile `s` (`[key][row]`, keys from `j0`) of a
+    /// task over positions `t0..t1`, replaces each score by its exponential shifted by the
+    /// new running max, and updates the running max and sum.
+    fn fold(&mut self, geom: &Geometry, s: &mut [f32], j0: usize, (t0, t1): (usize, usize)) {
+        let m = self.run_max.len();
+        let mut tile_max = std::mem::take(&mut self.shift);
+        tile_max.fill(f32::NEG_INFINITY);
+        for (c, col) in s.chunks_mut(m).enumerate() {
+            let (a, b) = geom.rows_seeing(j0 + c, (t0, t1));
+            col[..a].fill(f32::NEG_INFINITY);
+            col[b.max(a)..].fill(f32::NEG_INFINITY);
+            let live = &mut col[a..b.max(a)];
+            if let Some(cap) = geom.p.softcap {
+                live.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+            }
+            tile_max[a..b.max(a)]
+                .iter_mut()
+                .zip(live.iter())
+                .for_each(|(mx, &x)| *mx = mx.max(x));
+        }
+        // New running max; a row with no visible key yet shifts by 0 instead, so its
+        // masked scores give exp(-inf) = 0 rather than exp(-inf + inf) = NaN.
+        self.shift = tile_max;
+        for r in 0..m {
+            let new_max = self.run_max[r].max(self.shift[r]);
+            self.shift[r] = if new_max == f32::NEG_INFINITY {
+                0.0
+            } else {
+                new_max
+            };
+            self.corr[r] = exp_approx(self.run_max[r] - self.shift[r]);
+            self.run_max[r] = new_max;
+        }
+        self.tile_sum.fill(0.0);
+        for col in s.chunks_mut(m) {
+            col.iter_mut()
+                .zip(&self.shift)
+                .zip(self.tile_sum.iter_mut())
+                .for_each(|((x, &sh), sum)| {
+                    *x = exp_approx(*x - sh);
+                    *sum += *x;
+                });
+        }
+        self.run_sum
+            .iter_mut()
+            .zip(&self.corr)
+            .zip(&self.tile_sum)
+            .for_each(|((l, &c), &t)| *l = *l * c + t);
+    }
+
+    /// `1 / Σ` per row. Every row sees at least its own position, so the sum is >= 1 unless
+    /// inputs are NaN.
+    fn inverse_sums(&self) -> Vec<f32> {
+        self.run_sum.iter().map(|&l| 1.0 / l).collect()
     }
 }
 

@@ -115,6 +115,26 @@ pub(crate) struct Affine4<'a> {
     pub group: usize,
 }
 
+impl Affine4<'_> {
+    /// Asks for the codes [`super::PREFETCH_BYTES`] past the start of row `r` (of `k`
+    /// columns), one row's worth, to be loaded into L2.
+    #[inline(always)]
+    pub fn prefetch_ahead(&self, r: usize, k: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: plain words viewed as their bytes.
+            let bytes: &[u8] = unsafe {
+                std::slice::from_raw_parts(
+                    self.packed.as_ptr().cast(),
+                    std::mem::size_of_val(self.packed),
+                )
+            };
+            super::prefetch_l2(bytes, r * k / 2 + super::PREFETCH_BYTES, k / 2);
+        }
+        let _ = (r, k);
+    }
+}
+
 /// A weight matrix `[rows, cols]` ready to be decoded row by row into f32.
 #[derive(Clone, Copy)]
 pub struct WeightRows<'a> {

@@ -152,15 +152,25 @@ thread_local! {
 /// Runs `f` with kernels on this thread capped at `level` (a name from [`LEVELS`] or
 /// `native`), restoring the previous cap afterwards, even if `f` panics.
 pub fn with_cap<R>(level: &str, f: impl FnOnce() -> R) -> Result<R, String> {
-    let level = parse_level(level)?;
+    Ok(with_thread_cap(Some(parse_level(level)?), f))
+}
+
+/// This thread's cap, as [`with_thread_cap`] takes it (for carrying it to another thread).
+pub(crate) fn thread_cap() -> Option<usize> {
+    THREAD_CAP.with(Cell::get)
+}
+
+/// Runs `f` with this thread's cap set to `level` (`None`: no cap but the environment's),
+/// restoring the previous cap afterwards, even if `f` panics.
+pub(crate) fn with_thread_cap<R>(level: Option<usize>, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<usize>);
     impl Drop for Restore {
         fn drop(&mut self) {
             THREAD_CAP.with(|c| c.set(self.0));
         }
     }
-    let _restore = Restore(THREAD_CAP.with(|c| c.replace(Some(level))));
-    Ok(f())
+    let _restore = Restore(THREAD_CAP.with(|c| c.replace(level)));
+    f()
 }
 
 #[cfg(test)]

@@ -242,6 +242,7 @@ fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa, numer
             return for_each_row_chunk(w, |r0, r1| {
                 let mut row = [0.0f32; DECODE_MAX_M];
                 for r in r0..r1 {
+                    a4.prefetch_ahead(r, k);
                     // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums,
                     // and r < n.
                     unsafe { super::qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };

@@ -132,6 +132,7 @@ pub unsafe fn rows(
     }
     let mut out = [0.0f32; DECODE_MAX_M];
     for r in r0..r1 {
+        w.prefetch_ahead(r, q.groups * GROUP);
         row_dot(w, r, q, isa, &mut out);
         for (i, &v) in out[..q.m].iter().enumerate() {
             // SAFETY: (i, r) is inside the output and column r is ours.
@@ -423,6 +424,7 @@ mod vnni {
             _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
         };
         for r in r0..r1 {
+            w.prefetch_ahead(r, q.groups * super::GROUP);
             // SAFETY: forwarded; the row's groups are whole blocks.
             let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
             for i in 0..M {

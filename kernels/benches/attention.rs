@@ -1,0 +1,50 @@
+//! `cargo bench -p kernels --bench attention`: decode-sized attention (one query position, and
+//! the five of an MTP verification) against caches of 512 and 4096 keys, Qwen3-0.6B's heads
+//! (16 query heads, 8 KV heads, D = 128), and a 128-position prefill chunk for comparison.
+//! Throughput is the cache bytes the call reads (K and V, f32): decode attention should run at
+//! memory speed.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kernels::ops::{self, AttnParams};
+use kernels::Tensor;
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let (hq, hk, d) = (16, 8, 128);
+    let mut g = c.benchmark_group("attention");
+    g.measurement_time(Duration::from_secs(3));
+    for (t_len, keys) in [(1, 512), (5, 512), (1, 4096), (128, 512)] {
+        let k = Tensor::from_f32(&[hk, keys, d], random(hk * keys * d, 1)).unwrap();
+        let v = Tensor::from_f32(&[hk, keys, d], random(hk * keys * d, 2)).unwrap();
+        let q = Tensor::from_f32(&[t_len, hq, d], random(t_len * hq * d, 3)).unwrap();
+        let p = AttnParams {
+            q_start: keys - t_len,
+            kv_len: keys,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        g.throughput(Throughput::Bytes((2 * hk * keys * d * 4) as u64));
+        g.bench_function(format!("T={t_len} keys={keys}"), |b| {
+            b.iter(|| ops::attention(black_box(&q), &k, &v, &p).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
