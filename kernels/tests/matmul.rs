@@ -461,6 +461,10 @@ fn every_instruction_set_gives_the_same_bits() {
         (Format::Dense(DType::F16), 96),
         (Format::Affine(4, 64, DType::BF16), 704),
         (Format::Affine(4, 64, DType::F32), 1024),
+        // Whole blocks of 8 groups with bf16 and f16 scales: the vector float step of the
+        // VNNI and AVX2 fast kernels.
+        (Format::Affine(4, 64, DType::BF16), 1024),
+        (Format::Affine(4, 64, DType::F16), 512),
         (Format::Affine(4, 32, DType::F16), 256),
         (Format::Affine(8, 64, DType::F32), 256),
         (Format::Fp(QuantMode::Mxfp4), 256),

@@ -30,7 +30,7 @@ pub const LEVELS: &[&str] = &["portable"];
 /// The features kernels may use: what the CPU has, less what the cap removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Isa {
-    /// x86-64: AVX2 and FMA.
+    /// x86-64: AVX2, FMA and F16C.
     pub avx2: bool,
     /// x86-64: AVX-512 F, BW and VL.
     pub avx512: bool,
@@ -96,7 +96,8 @@ fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        isa.avx2 = has!("avx2") && has!("fma");
+        // Every AVX2 CPU also has F16C; kernels at this level use it for f16 scales.
+        isa.avx2 = has!("avx2") && has!("fma") && has!("f16c");
         isa.avx512 = isa.avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
         isa.vnni = isa.avx512 && has!("avx512vnni");
         isa.bf16 = isa.vnni && has!("avx512bf16");

@@ -130,6 +130,11 @@ pub unsafe fn rows(
         // SAFETY: VNNI and AVX-512 are present; forwarded.
         return unsafe { vnni::rows(w, r0, r1, q, n, dst) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2 && q.groups.is_multiple_of(8) {
+        // SAFETY: AVX2, FMA and F16C are present; forwarded.
+        return unsafe { avx2::rows(w, r0, r1, q, n, dst) };
+    }
     let mut out = [0.0f32; DECODE_MAX_M];
     for r in r0..r1 {
         w.prefetch_ahead(r, q.groups * GROUP);
@@ -311,7 +316,8 @@ mod avx2 {
     //! and `vpmaddwd`, then the shared scalar float step.
     use std::arch::x86_64::*;
 
-    use super::{add_term, Affine4, Q8Input, DECODE_MAX_M, GB, PERM};
+    use super::{add_term, Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
+    use crate::cpu::dequant::Floats;
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn blocks(
@@ -358,6 +364,143 @@ mod avx2 {
                 }
             }
         }
+    }
+
+    /// Whole rows (groups a multiple of 8) with the float step in vectors, as the VNNI kernel
+    /// runs it: eight group sums reduced into one vector in [`PERM`] order, then the same
+    /// conversions, products and lane sums, so the bits match VNNI's and the scalar step's.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows(w: &Affine4, r0: usize, r1: usize, q: &Q8Input, n: usize, dst: OutPtr) {
+        // SAFETY: forwarded; a const row count keeps the accumulators in registers.
+        unsafe {
+            match q.m {
+                1 => rows_m::<1>(w, r0, r1, q, n, dst),
+                2 => rows_m::<2>(w, r0, r1, q, n, dst),
+                3 => rows_m::<3>(w, r0, r1, q, n, dst),
+                4 => rows_m::<4>(w, r0, r1, q, n, dst),
+                _ => rows_m::<5>(w, r0, r1, q, n, dst),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_m<const M: usize>(
+        w: &Affine4,
+        r0: usize,
+        r1: usize,
+        q: &Q8Input,
+        n: usize,
+        dst: OutPtr,
+    ) {
+        let tree = |v: __m256| {
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+        };
+        for r in r0..r1 {
+            w.prefetch_ahead(r, q.groups * super::GROUP);
+            // SAFETY: forwarded; the row's groups are whole blocks.
+            let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
+            for i in 0..M {
+                // SAFETY: (i, r) is inside the output and column r is ours.
+                unsafe { *dst.at(i * n + r) = tree(acc[i]) + tree(bacc[i]) };
+            }
+        }
+    }
+
+    /// Eight consecutive scales or biases from `at`, widened, in [`PERM`] order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(f: &Floats, at: usize) -> __m256 {
+        let perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        // SAFETY: the caller keeps at + 8 within the row's groups.
+        let v = unsafe {
+            match f {
+                Floats::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
+                Floats::BF16(s) => {
+                    let h = _mm_loadu_si128(s.as_ptr().add(at).cast());
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                }
+                Floats::F16(s) => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at).cast())),
+            }
+        };
+        _mm256_permutevar8x32_ps(v, perm)
+    }
+
+    /// The scale and bias lanes of row `r` over its whole blocks, per input row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::needless_range_loop)] // parallel arrays indexed by input row and lane
+    unsafe fn sums<const M: usize>(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+    ) -> ([__m256; M], [__m256; M]) {
+        let nib = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let groups = q.groups;
+        let g0 = r * groups;
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut bacc = [_mm256_setzero_ps(); M];
+        for blk in (0..groups / 8 * 8).step_by(8) {
+            // Lane l of the block's result holds group PERM[l]: v[l] is that group's 8 partial
+            // sums.
+            let mut v = [[_mm256_setzero_si256(); 8]; M];
+            for (l, &p) in PERM.iter().enumerate() {
+                let g = blk + p;
+                // SAFETY: group g of row r lies inside `packed` (8 words per group).
+                let wv = unsafe {
+                    _mm256_loadu_si256(w.packed.as_ptr().add((g0 + g) * (GB / 4)).cast())
+                };
+                let lo = _mm256_and_si256(wv, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
+                for i in 0..M {
+                    let base = (i * groups + g) * GB;
+                    // SAFETY: base + 32 ≤ xe.len() = xo.len().
+                    let (xe, xo) = unsafe {
+                        (
+                            _mm256_loadu_si256(q.xe.as_ptr().add(base).cast()),
+                            _mm256_loadu_si256(q.xo.as_ptr().add(base).cast()),
+                        )
+                    };
+                    let p16 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, xe),
+                        _mm256_maddubs_epi16(hi, xo),
+                    );
+                    v[i][l] = _mm256_madd_epi16(p16, ones);
+                }
+            }
+            // SAFETY: blk + 8 ≤ groups, so every load below stays inside its row.
+            let (sw, bw) = unsafe { (load8(&w.scales, g0 + blk), load8(&w.biases, g0 + blk)) };
+            for i in 0..M {
+                let at = i * groups + blk;
+                // SAFETY: at + 8 ≤ the permuted arrays' length.
+                let (sx, xs) = unsafe {
+                    (
+                        _mm256_loadu_ps(q.sxp.as_ptr().add(at)),
+                        _mm256_loadu_ps(q.xsump.as_ptr().add(at)),
+                    )
+                };
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(v[i])), _mm256_mul_ps(sw, sx));
+                acc[i] = _mm256_add_ps(acc[i], t);
+                bacc[i] = _mm256_add_ps(bacc[i], _mm256_mul_ps(bw, xs));
+            }
+        }
+        (acc, bacc)
+    }
+
+    /// Eight vectors of 8 partial sums → their 8 totals, vector `l`'s in lane `l` (integer
+    /// sums: exact in any order).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn reduce8(v: [__m256i; 8]) -> __m256i {
+        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(a, b, 0x20),
+            _mm256_permute2x128_si256(a, b, 0x31),
+        )
     }
 }
 
