@@ -18,6 +18,9 @@ use half::bf16;
 
 use super::isa::Isa;
 
+// `Tile::pack` reads a pair of bf16 as one little-endian word.
+const _: () = assert!(cfg!(target_endian = "little"));
+
 /// Weight rows per tile (two AVX-512 registers).
 pub const NR: usize = 32;
 
@@ -28,21 +31,45 @@ pub struct Bf16Input {
     words: Vec<u32>,
 }
 
-/// Rounds `m` rows of `k` to bf16 pairs.
+/// Rounds `m` rows of `k` to bf16 pairs, rows in parallel when there are enough of them.
 pub fn round_input(xs: &[f32], m: usize, k: usize) -> Bf16Input {
+    use rayon::prelude::*;
     let pairs = k.div_ceil(2);
     let mut words = vec![0u32; m * pairs];
-    for i in 0..m {
-        let row = &xs[i * k..(i + 1) * k];
-        for (p, w) in words[i * pairs..(i + 1) * pairs].iter_mut().enumerate() {
-            let lo = bf16::from_f32(row[2 * p]).to_bits() as u32;
-            let hi = row
-                .get(2 * p + 1)
-                .map_or(0, |&v| bf16::from_f32(v).to_bits() as u32);
-            *w = lo | hi << 16;
+    if pairs > 0 {
+        let row = |(i, out): (usize, &mut [u32])| round_row(&xs[i * k..(i + 1) * k], out);
+        if m * k >= 1 << 15 {
+            words.par_chunks_mut(pairs).enumerate().for_each(row);
+        } else {
+            words.chunks_mut(pairs).enumerate().for_each(row);
         }
     }
     Bf16Input { m, pairs, words }
+}
+
+/// One row's pairs; an odd last column pairs with a zero.
+fn round_row(row: &[f32], out: &mut [u32]) {
+    let whole = row.len() / 2;
+    for (w, p) in out[..whole].iter_mut().zip(row.chunks_exact(2)) {
+        *w = bf16_bits(p[0]) | bf16_bits(p[1]) << 16;
+    }
+    if let Some(&last) = row.get(2 * whole) {
+        out[whole] = bf16_bits(last);
+    }
+}
+
+/// `bf16::from_f32(v).to_bits()` (round to nearest even; a NaN keeps its top bits and is made
+/// quiet) without branches, so the row loop vectorizes.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u32 {
+    let x = v.to_bits();
+    let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+    let nan = (x >> 16) | 0x40;
+    if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    }
 }
 
 /// One tile of weight rows repacked as `[pair][row]` words; rows past the weight's end are 0.
@@ -59,12 +86,22 @@ impl Tile {
         self.pairs = pairs;
         self.words.clear();
         self.words.resize(pairs * NR, 0);
+        // Row by row, so each row streams from memory once (the tile's words stay in L2).
+        let src = &w[r0 * k..(r0 + rows) * k];
+        let whole = k / 2;
+        let base = src.as_ptr();
         for r in 0..rows {
-            let row = &w[(r0 + r) * k..(r0 + r + 1) * k];
-            for p in 0..pairs {
-                let lo = row[2 * p].to_bits() as u32;
-                let hi = row.get(2 * p + 1).map_or(0, |v| v.to_bits() as u32);
-                self.words[p * NR + r] = lo | hi << 16;
+            for p in 0..whole {
+                // SAFETY: r < rows and 2p + 1 < k, so both halves lie inside `src`; the word
+                // is read unaligned (a pair starts at an odd element when k is odd).
+                // Little-endian: the even column lands in the low half, as `round_input` puts it.
+                self.words[p * NR + r] =
+                    unsafe { base.add(r * k + 2 * p).cast::<u32>().read_unaligned() };
+            }
+        }
+        if whole < pairs {
+            for r in 0..rows {
+                self.words[whole * NR + r] = src[r * k + 2 * whole].to_bits() as u32;
             }
         }
     }
@@ -243,6 +280,31 @@ mod avx512 {
                 _mm512_storeu_ps(o.as_mut_ptr().add(16), acc[i][1]);
                 std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        // Every exponent and sign with mantissas around each rounding boundary, a stride
+        // through all bit patterns, and the special values.
+        let mut bits: Vec<u32> = (0..=u32::MAX).step_by(65_521).collect();
+        for hi in 0..=0xFFFFu32 {
+            for lo in [0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                bits.push(hi << 16 | lo);
+            }
+        }
+        for b in bits {
+            let v = f32::from_bits(b);
+            assert_eq!(
+                super::bf16_bits(v),
+                bf16::from_f32(v).to_bits() as u32,
+                "{b:#010x}"
+            );
         }
     }
 }
