@@ -637,3 +637,43 @@ fn fast_bf16_prefill_stays_within_the_activation_rounding_bound() {
         }
     }
 }
+
+/// `matmul_many` (a layer's projections of one input in one parallel loop) must give each
+/// weight exactly its own `matmul`, for every format, decode and prefill row counts, both
+/// numerics and every ISA level; and refuse a weight of the wrong width.
+#[test]
+fn matmul_many_is_each_matmul_bit_for_bit() {
+    let k = 1024;
+    let ws = [
+        random_weight(Format::Affine(4, 64, DType::BF16), 96, k, 61),
+        random_weight(Format::Dense(DType::BF16), 40, k, 62),
+        random_weight(Format::Dense(DType::F32), 7, k, 63),
+        random_weight(Format::Affine(8, 64, DType::F32), 33, k, 64),
+        random_weight(Format::Fp(QuantMode::Mxfp4), 64, k, 65),
+    ];
+    let refs: Vec<&Weight> = ws.iter().collect();
+    for m in [1, 2, 5, 9] {
+        let x = Tensor::from_f32(&[m, k], random_x(m, k, 70 + m as u64)).unwrap();
+        for n in [Numerics::Exact, Numerics::Fast] {
+            for &level in isa::LEVELS {
+                let many = isa::with_cap(level, || {
+                    numerics::with(n, || ops::matmul_many(&x, &refs).unwrap())
+                })
+                .unwrap();
+                assert_eq!(many.len(), ws.len());
+                for (j, (got, w)) in many.iter().zip(&ws).enumerate() {
+                    let one = matmul_at(level, n, &x, w);
+                    assert_eq!(got.shape(), one.shape(), "weight {j} m={m} {n} at {level}");
+                    assert_eq!(
+                        bits_of(got),
+                        bits_of(&one),
+                        "weight {j} m={m} {n} at {level}"
+                    );
+                }
+            }
+        }
+    }
+    let narrow = random_weight(Format::Dense(DType::F32), 8, k - 64, 66);
+    let x = Tensor::from_f32(&[1, k], random_x(1, k, 71)).unwrap();
+    assert!(ops::matmul_many(&x, &[&ws[0], &narrow]).is_err());
+}

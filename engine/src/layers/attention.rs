@@ -77,7 +77,15 @@ impl GqaAttention {
                 l.forward(x)
             }
         };
-        let q_all = proj(&self.q_proj, x)?;
+        let [q_all, k, v] = if rows {
+            [
+                proj(&self.q_proj, x)?,
+                proj(&self.k_proj, x)?,
+                proj(&self.v_proj, x)?,
+            ]
+        } else {
+            Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?
+        };
         let (q, gate) = if self.output_gate {
             // Per head the projection holds [query (D) | gate (D)].
             let both = q_all.reshape(&[t * c.heads, 2, c.head_dim])?;
@@ -89,8 +97,8 @@ impl GqaAttention {
         } else {
             (q_all.reshape(&[t, c.heads, c.head_dim])?, None)
         };
-        let k = proj(&self.k_proj, x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
-        let v = proj(&self.v_proj, x)?.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let k = k.reshape(&[t, c.kv_heads, c.head_dim])?;
+        let v = v.reshape(&[t, c.kv_heads, c.head_dim])?;
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,

@@ -273,6 +273,17 @@ impl GatedDeltaNet {
 
     /// The input projections `[qkv, z, b, a]`; `rows`: each row a separate sequence.
     fn project(&self, x: &Tensor, rows: bool) -> Result<[Tensor; 4]> {
+        if !rows {
+            return Linear::forward_many(
+                [
+                    &self.in_proj_qkv,
+                    &self.in_proj_z,
+                    &self.in_proj_b,
+                    &self.in_proj_a,
+                ],
+                x,
+            );
+        }
         let p = |l: &Linear| {
             if rows {
                 l.forward_rows(x)

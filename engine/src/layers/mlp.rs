@@ -37,8 +37,8 @@ impl SwiGlu {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
-        self.down.forward(&h)
+        let [gate, up] = Linear::forward_many([&self.gate, &self.up], x)?;
+        self.down.forward(&ops::swiglu(&gate, &up)?)
     }
 
     /// [`SwiGlu::forward`] for rows of separate sequences (see [`Linear::forward_rows`]).

@@ -226,20 +226,34 @@ fn for_each_row_chunk(w: &WeightRows, per_chunk: impl Fn(usize, usize) + Sync + 
 }
 
 fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa, numerics: Numerics) {
-    let dst = OutPtr(out.as_mut_ptr());
+    let chunk = matvec_chunks(xs, m, w, isa, numerics, OutPtr(out.as_mut_ptr()));
+    for_each_row_chunk(w, chunk);
+}
+
+/// The decode product of `w` as work on chunks of its rows: `chunk(r0, r1)` writes output
+/// columns `r0..r1` of the `[m, n]` buffer at `dst`. Safety (of calling the result): `dst`
+/// holds `m × n` floats and outlives it, and no two calls write the same columns.
+fn matvec_chunks<'a>(
+    xs: &'a [f32],
+    m: usize,
+    w: &'a WeightRows<'a>,
+    isa: Isa,
+    numerics: Numerics,
+    dst: OutPtr,
+) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let (n, k) = (w.rows(), w.cols());
     if let Some(a4) = w.affine4() {
         if numerics == Numerics::Fast && a4.group == super::qmatvec_q8::GROUP {
             let q = super::qmatvec_q8::quantize(xs, m, k);
-            // SAFETY: `out` is m x n and each chunk writes only its own columns.
-            return for_each_row_chunk(w, |r0, r1| unsafe {
+            // SAFETY: `dst` is m x n and each chunk writes only its own columns.
+            return Box::new(move |r0, r1| unsafe {
                 super::qmatvec_q8::rows(&a4, r0, r1, &q, isa, n, dst)
             });
         }
         #[cfg(target_arch = "x86_64")]
         if isa.avx2 {
             let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
-            return for_each_row_chunk(w, |r0, r1| {
+            return Box::new(move |r0, r1| {
                 let mut row = [0.0f32; DECODE_MAX_M];
                 for r in r0..r1 {
                     a4.prefetch_ahead(r, k);
@@ -257,11 +271,11 @@ fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa, numer
     #[cfg(target_arch = "x86_64")]
     if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
         // SAFETY: AVX2 (and AVX-512 when asked) is present; each chunk writes only its columns.
-        return for_each_row_chunk(w, |r0, r1| unsafe {
+        return Box::new(move |r0, r1| unsafe {
             super::matvec_bf16::rows(isa.avx512, xs, m, k, wb, n, r0, r1, dst)
         });
     }
-    for_each_row_chunk(w, |r0, r1| {
+    Box::new(move |r0, r1| {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2 {
             // SAFETY: AVX2 is present; the chunk writes only output columns r0..r1.
@@ -269,7 +283,63 @@ fn matvec(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa, numer
         }
         // SAFETY: the chunk writes only output columns r0..r1.
         unsafe { matvec_rows::<false>(xs, m, w, r0, r1, dst) }
+    })
+}
+
+/// [`matmul`] of one decode-sized input against several weights (a layer's q/k/v or gate/up
+/// projections) in one parallel loop over all their row chunks, instead of one loop each:
+/// each result is bit-identical to its own [`matmul`], and a decode step starts fewer loops.
+/// Inputs with more rows than [`DECODE_MAX_M`] run one [`matmul`] per weight.
+pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
+    let k = x.dim(-1);
+    let m: usize = x.shape()[..x.dims().saturating_sub(1)].iter().product();
+    if x.dims() == 0 || m == 0 || m > DECODE_MAX_M || k == 0 {
+        return ws.iter().map(|w| matmul(x, w)).collect();
+    }
+    let rows = ws
+        .iter()
+        .map(|w| WeightRows::new(w))
+        .collect::<Result<Vec<_>>>()?;
+    for (r, w) in rows.iter().zip(ws) {
+        if r.cols() != k {
+            return shape_err(
+                "matmul",
+                format!(
+                    "input {:?} must end in {k} features to match weight {}x{} ({})",
+                    x.shape(),
+                    r.rows(),
+                    r.cols(),
+                    w.format_name()
+                ),
+            );
+        }
+    }
+    let xs = x.f32s()?;
+    let (isa, numerics) = (Isa::current(), Numerics::current());
+    let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0f32; m * r.rows()]).collect();
+    let chunks: Vec<_> = rows
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(r, out)| matvec_chunks(xs, m, r, isa, numerics, OutPtr(out.as_mut_ptr())))
+        .collect();
+    let tasks: Vec<(usize, usize)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(j, r)| (0..r.rows().div_ceil(ROW_CHUNK)).map(move |c| (j, c)))
+        .collect();
+    tasks.into_par_iter().for_each(|(j, c)| {
+        let n = rows[j].rows();
+        chunks[j](c * ROW_CHUNK, ((c + 1) * ROW_CHUNK).min(n))
     });
+    drop(chunks);
+    outs.into_iter()
+        .zip(&rows)
+        .map(|(out, r)| {
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("checked dims above") = r.rows();
+            Tensor::from_f32(&shape, out)
+        })
+        .collect()
 }
 
 /// Columns decoded at a time by the decode kernel: a multiple of every group size, so spans
