@@ -180,12 +180,14 @@ def plots(lines, out: Path):
     if plt is None:
         return []
     by = {(l["isa"], l["model"], l["format"], l["test"]): l for l in lines}
+    # Every variant of ours the run has (exact and, when measured, --numerics fast).
+    isas = [isa for isa in ISAS if any(l["isa"] == isa and l.get("ratio") for l in lines)]
     keys = [k for k in dict.fromkeys((l["model"], l["format"], l["test"]) for l in lines)
-            if any((by.get((isa, *k)) or {}).get("ratio") for isa in ("native", "avx2"))]
+            if any((by.get((isa, *k)) or {}).get("ratio") for isa in isas)]
     if not keys:
         return []
     ratio_plot(plt, out / "peers_ratio.png", keys,
-               {isa: [(by.get((isa, *k)) or {}).get("ratio") for k in keys] for isa in ("native", "avx2")},
+               {isa: [(by.get((isa, *k)) or {}).get("ratio") for k in keys] for isa in isas},
                "ours / llama.cpp (tokens/s; >1 = ours faster)", "Peer benchmark on CPU: speed ratio")
 
     keys = [k for k in dict.fromkeys((l["model"], l["format"], l["test"]) for l in lines)

@@ -11,17 +11,9 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kernels::ops::{self, AttnParams};
 use kernels::Tensor;
 
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::values as random;
 
 fn bench(c: &mut Criterion) {
     let (hq, hk, d) = (16, 8, 128);

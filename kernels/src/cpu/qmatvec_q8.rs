@@ -27,6 +27,44 @@ const PERM: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Bytes of codes per group.
 const GB: usize = GROUP / 2;
 
+/// `$f::<M>(args…)` for the const `M` equal to the run-time row count `$m` (at most
+/// [`DECODE_MAX_M`]): a const count keeps the accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($m:expr, $f:ident($($a:expr),*)) => {
+        match $m {
+            1 => $f::<1>($($a),*),
+            2 => $f::<2>($($a),*),
+            3 => $f::<3>($($a),*),
+            4 => $f::<4>($($a),*),
+            _ => $f::<5>($($a),*),
+        }
+    };
+}
+
+/// Output columns `r0..r1` of a fast 4-bit decode product: for each weight row `r`,
+/// `$sums(w, r, q)` gives its scale and bias lanes per input row, and the output is the sum of
+/// their trees (in [`tree_sum`]'s order). A macro, not a function: the AVX2 and VNNI kernels
+/// each expand it around their own `sums`, which then inlines into the row loop.
+#[cfg(target_arch = "x86_64")]
+macro_rules! write_rows {
+    ($w:expr, ($r0:expr, $r1:expr), $q:expr, ($n:expr, $dst:expr), $sums:path) => {{
+        let tree = |v: __m256| {
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+        };
+        for r in $r0..$r1 {
+            $w.prefetch_ahead(r, $q.groups * $crate::cpu::qmatvec_q8::GROUP);
+            let (acc, bacc) = $sums($w, r, $q);
+            for (i, (a, b)) in acc.iter().zip(&bacc).enumerate() {
+                // SAFETY: (i, r) is inside the output and column r is ours.
+                *$dst.at(i * $n + r) = tree(*a) + tree(*b);
+            }
+        }
+    }};
+}
+
 /// Input rows quantized for [`row_dot`].
 pub struct Q8Input {
     m: usize,
@@ -371,16 +409,8 @@ mod avx2 {
     /// conversions, products and lane sums, so the bits match VNNI's and the scalar step's.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows(w: &Affine4, r0: usize, r1: usize, q: &Q8Input, n: usize, dst: OutPtr) {
-        // SAFETY: forwarded; a const row count keeps the accumulators in registers.
-        unsafe {
-            match q.m {
-                1 => rows_m::<1>(w, r0, r1, q, n, dst),
-                2 => rows_m::<2>(w, r0, r1, q, n, dst),
-                3 => rows_m::<3>(w, r0, r1, q, n, dst),
-                4 => rows_m::<4>(w, r0, r1, q, n, dst),
-                _ => rows_m::<5>(w, r0, r1, q, n, dst),
-            }
-        }
+        // SAFETY: forwarded.
+        unsafe { by_rows!(q.m, rows_m(w, r0, r1, q, n, dst)) }
     }
 
     #[inline]
@@ -393,26 +423,14 @@ mod avx2 {
         n: usize,
         dst: OutPtr,
     ) {
-        let tree = |v: __m256| {
-            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
-        };
-        for r in r0..r1 {
-            w.prefetch_ahead(r, q.groups * super::GROUP);
-            // SAFETY: forwarded; the row's groups are whole blocks.
-            let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
-            for i in 0..M {
-                // SAFETY: (i, r) is inside the output and column r is ours.
-                unsafe { *dst.at(i * n + r) = tree(acc[i]) + tree(bacc[i]) };
-            }
-        }
+        // SAFETY: forwarded; the row's groups are whole blocks.
+        unsafe { write_rows!(w, (r0, r1), q, (n, dst), sums::<M>) }
     }
 
     /// Eight consecutive scales or biases from `at`, widened, in [`PERM`] order.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(f: &Floats, at: usize) -> __m256 {
+    pub(super) unsafe fn load8(f: &Floats, at: usize) -> __m256 {
         let perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
         // SAFETY: the caller keeps at + 8 within the row's groups.
         let v = unsafe {
@@ -471,23 +489,44 @@ mod avx2 {
                     v[i][l] = _mm256_madd_epi16(p16, ones);
                 }
             }
-            // SAFETY: blk + 8 ≤ groups, so every load below stays inside its row.
-            let (sw, bw) = unsafe { (load8(&w.scales, g0 + blk), load8(&w.biases, g0 + blk)) };
-            for i in 0..M {
-                let at = i * groups + blk;
-                // SAFETY: at + 8 ≤ the permuted arrays' length.
-                let (sx, xs) = unsafe {
-                    (
-                        _mm256_loadu_ps(q.sxp.as_ptr().add(at)),
-                        _mm256_loadu_ps(q.xsump.as_ptr().add(at)),
-                    )
-                };
-                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(v[i])), _mm256_mul_ps(sw, sx));
-                acc[i] = _mm256_add_ps(acc[i], t);
-                bacc[i] = _mm256_add_ps(bacc[i], _mm256_mul_ps(bw, xs));
-            }
+            let isums = std::array::from_fn(|i| reduce8(v[i]));
+            // SAFETY: blk + 8 ≤ groups.
+            unsafe { float_step::<M>(w, q, g0, blk, isums, (&mut acc, &mut bacc)) };
         }
         (acc, bacc)
+    }
+
+    /// The float step of one block of 8 groups, `isums[i]` holding input row `i`'s 8 group
+    /// sums in [`PERM`] order: `acc += isum · (s · sx)`, `bacc += b · Σx` in vectors, the same
+    /// operations as the scalar [`super::add_term`] (shared by this kernel and VNNI's).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; `blk + 8 ≤ q.groups` and `g0` is the row's first group.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn float_step<const M: usize>(
+        w: &Affine4,
+        q: &Q8Input,
+        g0: usize,
+        blk: usize,
+        isums: [__m256i; M],
+        (acc, bacc): (&mut [__m256; M], &mut [__m256; M]),
+    ) {
+        // SAFETY: blk + 8 ≤ groups, so every load below stays inside its row.
+        let (sw, bw) = unsafe { (load8(&w.scales, g0 + blk), load8(&w.biases, g0 + blk)) };
+        for (i, isum) in isums.into_iter().enumerate() {
+            let at = i * q.groups + blk;
+            // SAFETY: at + 8 ≤ the permuted arrays' length.
+            let (sx, xs) = unsafe {
+                (
+                    _mm256_loadu_ps(q.sxp.as_ptr().add(at)),
+                    _mm256_loadu_ps(q.xsump.as_ptr().add(at)),
+                )
+            };
+            let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sw, sx));
+            acc[i] = _mm256_add_ps(acc[i], t);
+            bacc[i] = _mm256_add_ps(bacc[i], _mm256_mul_ps(bw, xs));
+        }
     }
 
     /// Eight vectors of 8 partial sums → their 8 totals, vector `l`'s in lane `l` (integer
@@ -512,8 +551,8 @@ mod vnni {
     //! lanes with the same two roundings the scalar step makes.
     use std::arch::x86_64::*;
 
-    use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
-    use crate::cpu::dequant::Floats;
+    use super::avx2::float_step;
+    use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB};
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     pub unsafe fn blocks(
@@ -523,16 +562,8 @@ mod vnni {
         lanes: &mut [[f32; 8]; DECODE_MAX_M],
         biases: &mut [[f32; 8]; DECODE_MAX_M],
     ) {
-        // SAFETY: forwarded; a const row count keeps the accumulators in registers.
-        unsafe {
-            match q.m {
-                1 => blocks_m::<1>(w, r, q, lanes, biases),
-                2 => blocks_m::<2>(w, r, q, lanes, biases),
-                3 => blocks_m::<3>(w, r, q, lanes, biases),
-                4 => blocks_m::<4>(w, r, q, lanes, biases),
-                _ => blocks_m::<5>(w, r, q, lanes, biases),
-            }
-        }
+        // SAFETY: forwarded.
+        unsafe { by_rows!(q.m, blocks_m(w, r, q, lanes, biases)) }
     }
 
     /// Whole rows (groups a multiple of 8), the lanes' trees summed in registers in the same
@@ -540,15 +571,7 @@ mod vnni {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     pub unsafe fn rows(w: &Affine4, r0: usize, r1: usize, q: &Q8Input, n: usize, dst: OutPtr) {
         // SAFETY: forwarded.
-        unsafe {
-            match q.m {
-                1 => rows_m::<1>(w, r0, r1, q, n, dst),
-                2 => rows_m::<2>(w, r0, r1, q, n, dst),
-                3 => rows_m::<3>(w, r0, r1, q, n, dst),
-                4 => rows_m::<4>(w, r0, r1, q, n, dst),
-                _ => rows_m::<5>(w, r0, r1, q, n, dst),
-            }
-        }
+        unsafe { by_rows!(q.m, rows_m(w, r0, r1, q, n, dst)) }
     }
 
     #[inline]
@@ -561,48 +584,8 @@ mod vnni {
         n: usize,
         dst: OutPtr,
     ) {
-        let tree = |v: __m256| {
-            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
-        };
-        for r in r0..r1 {
-            w.prefetch_ahead(r, q.groups * super::GROUP);
-            // SAFETY: forwarded; the row's groups are whole blocks.
-            let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
-            for i in 0..M {
-                // SAFETY: (i, r) is inside the output and column r is ours.
-                unsafe { *dst.at(i * n + r) = tree(acc[i]) + tree(bacc[i]) };
-            }
-        }
-    }
-
-    /// Eight consecutive scales or biases from `at`, widened, in [`PERM`] order.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    unsafe fn load8(f: &Floats, at: usize) -> __m256 {
-        let perm = _mm256_setr_epi32(
-            PERM[0] as i32,
-            PERM[1] as i32,
-            PERM[2] as i32,
-            PERM[3] as i32,
-            PERM[4] as i32,
-            PERM[5] as i32,
-            PERM[6] as i32,
-            PERM[7] as i32,
-        );
-        // SAFETY: the caller keeps at + 8 within the row's groups.
-        let v = unsafe {
-            match f {
-                Floats::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
-                Floats::BF16(s) => {
-                    let h = _mm_loadu_si128(s.as_ptr().add(at).cast());
-                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                }
-                Floats::F16(s) => _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(at).cast())),
-            }
-        };
-        _mm256_permutexvar_ps(perm, v)
+        // SAFETY: forwarded; the row's groups are whole blocks.
+        unsafe { write_rows!(w, (r0, r1), q, (n, dst), sums::<M>) }
     }
 
     #[inline]
@@ -660,20 +643,9 @@ mod vnni {
                     z[i][p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z[i][p], lo, xe), hi, xo);
                 }
             }
-            // SAFETY: blk + 8 ≤ groups, so every load below stays inside its row.
-            let (sw, bw) = unsafe { (load8(&w.scales, g0 + blk), load8(&w.biases, g0 + blk)) };
-            for i in 0..M {
-                let at = i * groups + blk;
-                let (sx, xs) = unsafe {
-                    (
-                        _mm256_loadu_ps(q.sxp.as_ptr().add(at)),
-                        _mm256_loadu_ps(q.xsump.as_ptr().add(at)),
-                    )
-                };
-                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce(z[i])), _mm256_mul_ps(sw, sx));
-                acc[i] = _mm256_add_ps(acc[i], t);
-                bacc[i] = _mm256_add_ps(bacc[i], _mm256_mul_ps(bw, xs));
-            }
+            let isums = std::array::from_fn(|i| reduce(z[i]));
+            // SAFETY: blk + 8 ≤ groups.
+            unsafe { float_step::<M>(w, q, g0, blk, isums, (&mut acc, &mut bacc)) };
         }
         (acc, bacc)
     }
