@@ -33,6 +33,7 @@ use rayon::prelude::*;
 /// row's load misses otherwise stall them: the hardware prefetcher alone left the 4-bit
 /// kernel at 13 GB/s per core and 24 GB/s on two (the LM head of Qwen3-0.6B, measured by
 /// `cargo bench -p kernels --bench matmul -- lm_head`); 16 KiB ahead into L2 gave 16 and 28.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_BYTES: usize = 16 << 10;
 
 /// Asks for the cache lines of `bytes[at..at + len]` (clipped to the slice) to be loaded into
