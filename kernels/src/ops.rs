@@ -61,11 +61,7 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
 /// result is bit-identical to its own [`matmul`]; on the CPU, decode-sized inputs run all the
 /// products in one parallel loop (fewer thread hand-offs per decode step).
 pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
-    let on_cpu = x.device() == crate::Device::Cpu
-        && ws
-            .iter()
-            .all(|w| w.device() == crate::Device::Cpu && w.cols() == x.dim(-1));
-    if on_cpu && x.dims() > 0 {
+    if x.device() == crate::Device::Cpu && ws.iter().all(|w| w.device() == crate::Device::Cpu) {
         return cpu::matmul::matmul_many(x, ws);
     }
     ws.iter().map(|w| matmul(x, w)).collect()

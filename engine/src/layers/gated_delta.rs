@@ -284,18 +284,11 @@ impl GatedDeltaNet {
                 x,
             );
         }
-        let p = |l: &Linear| {
-            if rows {
-                l.forward_rows(x)
-            } else {
-                l.forward(x)
-            }
-        };
         Ok([
-            p(&self.in_proj_qkv)?,
-            p(&self.in_proj_z)?,
-            p(&self.in_proj_b)?,
-            p(&self.in_proj_a)?,
+            self.in_proj_qkv.forward_rows(x)?,
+            self.in_proj_z.forward_rows(x)?,
+            self.in_proj_b.forward_rows(x)?,
+            self.in_proj_a.forward_rows(x)?,
         ])
     }
 

@@ -71,9 +71,9 @@ pub(crate) fn moe_info(
     }
 }
 
-/// Runs `f`, one forward of a model whose weights live on `device`, on the CPU kernels' thread pool when the weights live on
-/// the host (see `kernels::cpu::pool`); other devices keep it on the calling thread, which
-/// their contexts are bound to.
+/// Runs `f`, one forward of a model whose weights live on `device`: on the CPU kernels'
+/// thread pool for the host (see `kernels::cpu::pool`); other devices keep it on the calling
+/// thread, which their contexts are bound to.
 pub(crate) fn on_host_pool<R: Send>(device: kernels::Device, f: impl FnOnce() -> R + Send) -> R {
     if device == kernels::Device::Cpu {
         kernels::cpu::pool::on_pool(f)

@@ -33,17 +33,11 @@ pub struct Bf16Input {
 
 /// Rounds `m` rows of `k` to bf16 pairs, rows in parallel when there are enough of them.
 pub fn round_input(xs: &[f32], m: usize, k: usize) -> Bf16Input {
-    use rayon::prelude::*;
     let pairs = k.div_ceil(2);
     let mut words = vec![0u32; m * pairs];
-    if pairs > 0 {
-        let row = |(i, out): (usize, &mut [u32])| round_row(&xs[i * k..(i + 1) * k], out);
-        if m * k >= 1 << 15 {
-            words.par_chunks_mut(pairs).enumerate().for_each(row);
-        } else {
-            words.chunks_mut(pairs).enumerate().for_each(row);
-        }
-    }
+    super::for_each_row(&mut words, pairs, |i, out| {
+        round_row(&xs[i * k..(i + 1) * k], out)
+    });
     Bf16Input { m, pairs, words }
 }
 

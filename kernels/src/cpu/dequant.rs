@@ -121,16 +121,7 @@ impl Affine4<'_> {
     #[inline(always)]
     pub fn prefetch_ahead(&self, r: usize, k: usize) {
         #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: plain words viewed as their bytes.
-            let bytes: &[u8] = unsafe {
-                std::slice::from_raw_parts(
-                    self.packed.as_ptr().cast(),
-                    std::mem::size_of_val(self.packed),
-                )
-            };
-            super::prefetch_l2(bytes, r * k / 2 + super::PREFETCH_BYTES, k / 2);
-        }
+        super::prefetch_l2(self.packed, r * k / 2 + super::PREFETCH_BYTES, k / 2);
         let _ = (r, k);
     }
 }

@@ -73,17 +73,8 @@ impl OutPtr {
 
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let rows = WeightRows::new(w)?;
+    check_input(x, &rows, w)?;
     let (n, k) = (rows.rows(), rows.cols());
-    if x.dims() == 0 || x.dim(-1) != k {
-        return shape_err(
-            "matmul",
-            format!(
-                "input {:?} must end in {k} features to match weight {n}x{k} ({})",
-                x.shape(),
-                w.format_name()
-            ),
-        );
-    }
     let xs = x.f32s()?;
     let m: usize = x.shape()[..x.dims() - 1].iter().product();
     let mut shape = x.shape().to_vec();
@@ -100,6 +91,22 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
         }
     }
     Tensor::from_f32(&shape, out)
+}
+
+/// `x` must end in as many features as the weight has columns.
+fn check_input(x: &Tensor, rows: &WeightRows, w: &Weight) -> Result<()> {
+    let (n, k) = (rows.rows(), rows.cols());
+    if x.dims() == 0 || x.dim(-1) != k {
+        return shape_err(
+            "matmul",
+            format!(
+                "input {:?} must end in {k} features to match weight {n}x{k} ({})",
+                x.shape(),
+                w.format_name()
+            ),
+        );
+    }
+    Ok(())
 }
 
 fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) {
@@ -291,9 +298,8 @@ fn matvec_chunks<'a>(
 /// each result is bit-identical to its own [`matmul`], and a decode step starts fewer loops.
 /// Inputs with more rows than [`DECODE_MAX_M`] run one [`matmul`] per weight.
 pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
-    let k = x.dim(-1);
     let m: usize = x.shape()[..x.dims().saturating_sub(1)].iter().product();
-    if x.dims() == 0 || m == 0 || m > DECODE_MAX_M || k == 0 {
+    if x.dims() == 0 || m == 0 || m > DECODE_MAX_M || x.dim(-1) == 0 {
         return ws.iter().map(|w| matmul(x, w)).collect();
     }
     let rows = ws
@@ -301,18 +307,7 @@ pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
         .map(|w| WeightRows::new(w))
         .collect::<Result<Vec<_>>>()?;
     for (r, w) in rows.iter().zip(ws) {
-        if r.cols() != k {
-            return shape_err(
-                "matmul",
-                format!(
-                    "input {:?} must end in {k} features to match weight {}x{} ({})",
-                    x.shape(),
-                    r.rows(),
-                    r.cols(),
-                    w.format_name()
-                ),
-            );
-        }
+        check_input(x, r, w)?;
     }
     let xs = x.f32s()?;
     let (isa, numerics) = (Isa::current(), Numerics::current());

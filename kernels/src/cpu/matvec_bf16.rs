@@ -86,9 +86,8 @@ unsafe fn rows_avx512<const M: usize>(
     dst: OutPtr,
 ) {
     let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    let bytes = bytes_of(w);
     for r in r0..r1 {
-        crate::cpu::prefetch_l2(bytes, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
+        crate::cpu::prefetch_l2(w, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
         let row = &w[r * k..(r + 1) * k];
         let mut acc = [[_mm512_setzero_ps(); 2]; M];
         for c in (0..k / LANES * LANES).step_by(LANES) {
@@ -128,9 +127,8 @@ unsafe fn rows_avx2<const M: usize>(
     dst: OutPtr,
 ) {
     let widen = |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    let bytes = bytes_of(w);
     for r in r0..r1 {
-        crate::cpu::prefetch_l2(bytes, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
+        crate::cpu::prefetch_l2(w, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
         let row = &w[r * k..(r + 1) * k];
         let mut acc = [[_mm256_setzero_ps(); 4]; M];
         for c in (0..k / LANES * LANES).step_by(LANES) {
@@ -162,10 +160,4 @@ unsafe fn rows_avx2<const M: usize>(
         // SAFETY: forwarded.
         unsafe { finish(&mut lanes, xs, k, row, r, n, dst) };
     }
-}
-
-/// The bf16 weights' bytes (for prefetching).
-fn bytes_of(w: &[bf16]) -> &[u8] {
-    // SAFETY: bf16 is a plain 2-byte value.
-    unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), std::mem::size_of_val(w)) }
 }

@@ -36,27 +36,28 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_BYTES: usize = 16 << 10;
 
-/// Asks for the cache lines of `bytes[at..at + len]` (clipped to the slice) to be loaded into
-/// L2. A hint only: no effect on results.
+/// Asks for the cache lines of bytes `at..at + len` of `data` (clipped to its end) to be
+/// loaded into L2. A hint only: no effect on results.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn prefetch_l2(bytes: &[u8], at: usize, len: usize) {
+pub(crate) fn prefetch_l2<T>(data: &[T], at: usize, len: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    let end = (at + len).min(bytes.len());
+    let base = data.as_ptr().cast::<i8>();
+    let end = (at + len).min(std::mem::size_of_val(data));
     let mut line = at;
     while line < end {
-        // SAFETY: `line` is inside `bytes`; a prefetch never faults or changes memory.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(line).cast()) };
+        // SAFETY: byte `line` is inside `data`; a prefetch never faults or changes memory.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(line)) };
         line += 64;
     }
 }
 
 /// Calls `f(row_index, out_row)` for every `width`-sized row of `out`, in parallel when the
 /// total work is large enough to pay for it.
-pub(crate) fn for_each_row(
-    out: &mut [f32],
+pub(crate) fn for_each_row<T: Send>(
+    out: &mut [T],
     width: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) {
     if width == 0 {
         return;

@@ -351,13 +351,15 @@ fn group_isum(w: &Affine4, r: usize, q: &Q8Input, i: usize, g: usize) -> i32 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Group sums with `vpmaddubsw` (u8 × i8 pairs into i16: at most 2·15·127, no saturation)
-    //! and `vpmaddwd`, then the shared scalar float step.
+    //! and `vpmaddwd`, eight groups reduced into one vector, then the float step in vectors.
     use std::arch::x86_64::*;
 
-    use super::{add_term, Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
+    use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
     use crate::cpu::dequant::Floats;
 
-    #[target_feature(enable = "avx2,fma")]
+    /// [`row_dot`](super::row_dot)'s whole blocks of row `r`: the lanes [`sums`] leaves, per
+    /// input row.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn blocks(
         w: &Affine4,
         r: usize,
@@ -365,41 +367,37 @@ mod avx2 {
         lanes: &mut [[f32; 8]; DECODE_MAX_M],
         biases: &mut [[f32; 8]; DECODE_MAX_M],
     ) {
-        let nib = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let g0 = r * q.groups;
-        for blk in (0..q.groups / 8 * 8).step_by(8) {
-            for (l, &p) in PERM.iter().enumerate() {
-                let g = blk + p;
-                // SAFETY: group g of row r lies inside `packed` (8 words per group).
-                let wv = unsafe {
-                    _mm256_loadu_si256(w.packed.as_ptr().add((g0 + g) * (GB / 4)).cast())
-                };
-                let lo = _mm256_and_si256(wv, nib);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);
-                for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(biases.iter_mut()).enumerate()
-                {
-                    let base = (i * q.groups + g) * GB;
-                    // SAFETY: base + 32 ≤ xe.len() = xo.len().
-                    let (xe, xo) = unsafe {
-                        (
-                            _mm256_loadu_si256(q.xe.as_ptr().add(base).cast()),
-                            _mm256_loadu_si256(q.xo.as_ptr().add(base).cast()),
-                        )
-                    };
-                    let p16 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, xe),
-                        _mm256_maddubs_epi16(hi, xo),
-                    );
-                    let s = _mm256_madd_epi16(p16, ones);
-                    let h =
-                        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                    let h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-                    let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-                    let x = i * q.groups + g;
-                    let isum = _mm_cvtsi128_si32(h);
-                    add_term(lane, bias, l, isum, w, g0 + g, q.sx[x], q.xsum[x]);
-                }
+        // SAFETY: forwarded.
+        unsafe { by_rows!(q.m, blocks_m(w, r, q, lanes, biases)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn blocks_m<const M: usize>(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+        lanes: &mut [[f32; 8]; DECODE_MAX_M],
+        biases: &mut [[f32; 8]; DECODE_MAX_M],
+    ) {
+        // SAFETY: forwarded.
+        store_lanes(unsafe { sums::<M>(w, r, q) }, lanes, biases)
+    }
+
+    /// Each input row's scale and bias lanes into `lanes` and `biases` (shared with VNNI's
+    /// `blocks`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) fn store_lanes<const M: usize>(
+        (acc, bacc): ([__m256; M], [__m256; M]),
+        lanes: &mut [[f32; 8]; DECODE_MAX_M],
+        biases: &mut [[f32; 8]; DECODE_MAX_M],
+    ) {
+        for i in 0..M {
+            // SAFETY: a lane array is 8 floats.
+            unsafe {
+                _mm256_storeu_ps(lanes[i].as_mut_ptr(), acc[i]);
+                _mm256_storeu_ps(biases[i].as_mut_ptr(), bacc[i]);
             }
         }
     }
@@ -551,7 +549,7 @@ mod vnni {
     //! lanes with the same two roundings the scalar step makes.
     use std::arch::x86_64::*;
 
-    use super::avx2::float_step;
+    use super::avx2::{float_step, store_lanes};
     use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB};
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
@@ -598,14 +596,7 @@ mod vnni {
         biases: &mut [[f32; 8]; DECODE_MAX_M],
     ) {
         // SAFETY: forwarded.
-        let (acc, bacc) = unsafe { sums::<M>(w, r, q) };
-        for i in 0..M {
-            // SAFETY: a lane array is 8 floats.
-            unsafe {
-                _mm256_storeu_ps(lanes[i].as_mut_ptr(), acc[i]);
-                _mm256_storeu_ps(biases[i].as_mut_ptr(), bacc[i]);
-            }
-        }
+        store_lanes(unsafe { sums::<M>(w, r, q) }, lanes, biases)
     }
 
     /// The scale and bias lanes of row `r` over its whole blocks, per input row.
