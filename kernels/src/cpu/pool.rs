@@ -25,3 +25,31 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     // `scope` runs its body on a worker of the global pool and waits for it.
     rayon::scope(move |_| isa::with_thread_cap(cap, || numerics::with(path, f)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::isa::Isa;
+    use crate::cpu::numerics::Numerics;
+
+    /// The work sees the caller's ISA cap and numerics path, though it runs on another thread.
+    #[test]
+    fn the_callers_settings_travel_to_the_worker() {
+        let caller = std::thread::current().id();
+        isa::with_cap("portable", || {
+            numerics::with(Numerics::Fast, || {
+                let (thread, isa, path) = on_pool(|| {
+                    (
+                        std::thread::current().id(),
+                        Isa::current(),
+                        Numerics::current(),
+                    )
+                });
+                assert_ne!(thread, caller, "the work should run on a pool worker");
+                assert_eq!(isa, Isa::current());
+                assert_eq!(path, Numerics::Fast);
+            })
+        })
+        .unwrap();
+    }
+}
