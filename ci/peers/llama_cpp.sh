@@ -15,17 +15,17 @@ VENV=$PEERS_DIR/venv
 mkdir -p "$PEERS_DIR"/{sdist,src,logs,build}
 log() { printf '[peers %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# 1. A venv with the build tools and the converter's dependencies (torch is not needed:
-#    convert_hf_to_gguf.py reads safetensors through its own lazy reader; numpy suffices).
+# 1. A venv with the build tools and the converter's dependencies. The vendored converter
+#    imports torch at the top (its lazy tensors), so torch is installed too: PyPI's Linux wheel,
+#    run on the CPU only.
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating venv $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import cmake, ninja, numpy, gguf' 2>/dev/null; then
-  log "pip install build tools + converter deps"
+if ! "$VENV/bin/python" -c 'import cmake, ninja, numpy, torch' 2>/dev/null; then
+  log "pip install build tools + converter deps (torch: a large download, once)"
   "$VENV/bin/pip" install -q --upgrade pip
-  # Only the packages the converter imports for a safetensors input; no torch.
-  "$VENV/bin/pip" install -q cmake ninja numpy sentencepiece safetensors "transformers" matplotlib
+  "$VENV/bin/pip" install -q cmake ninja numpy sentencepiece safetensors "transformers" matplotlib torch
 fi
 export PATH=$VENV/bin:$PATH
 
@@ -55,6 +55,16 @@ COMMON=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
         -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF)
 NATIVE=(-DGGML_NATIVE=ON)
+NATIVE_NAME=native
+# ggml's AMX kernels (Q4_0/Q8_0 prefill on Sapphire Rapids and later) segfault in
+# ggml_backend_amx_mul_mat on the VMs this runs on (llama-bench -p 512 on Q4_0; gdb shows it), so
+# where the CPU has AMX the native build leaves it out unless PEERS_LLAMA_AMX=1. Everything else
+# -march=native gives (AVX-512 VNNI/BF16, weight repacking) stays on; bf16 never used AMX.
+if [ "${PEERS_LLAMA_AMX:-0}" != 1 ] && grep -qw amx_int8 /proc/cpuinfo; then
+  NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  NATIVE+=("-DCMAKE_C_FLAGS=$NOAMX" "-DCMAKE_CXX_FLAGS=$NOAMX")
+  NATIVE_NAME=native-noamx
+fi
 AVX2=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
       -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
       -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
@@ -73,14 +83,14 @@ build() {  # build NAME FLAGS...
 # One builder at a time (a second run.sh waits here instead of building into the same folder).
 exec 9>"$PEERS_DIR/build/.lock"
 flock 9
-build native "${NATIVE[@]}"
+build "$NATIVE_NAME" "${NATIVE[@]}"
 build avx2 "${AVX2[@]}"
 
 # What the rest of the scripts read.
 cat >"$PEERS_DIR/llama_cpp.env" <<ENV
 LLAMA_CPP_PY_VERSION=$PYVER
 LLAMA_CPP_SRC=$SRC
-LLAMA_BIN_NATIVE=$PEERS_DIR/build/$PYVER-native/bin
+LLAMA_BIN_NATIVE=$PEERS_DIR/build/$PYVER-$NATIVE_NAME/bin
 LLAMA_BIN_AVX2=$PEERS_DIR/build/$PYVER-avx2/bin
 ENV
 log "llama.cpp ready (llama-cpp-python $PYVER); see $PEERS_DIR/llama_cpp.env"

@@ -162,7 +162,7 @@ struct RunArgs {
     /// Arithmetic: `exact` (f32 activations everywhere; what the goldens hold) or `fast`.
     /// On the CPU, `fast` quantizes activations to int8 per group against 4-bit group-64
     /// weights (integer dot products, as llama.cpp does) and rounds them to bf16 against bf16
-    /// weights in prefill; close to exact but not bit-equal. On MLX, `fast` keeps weights in
+    /// weights (bf16 dot products); close to exact but not bit-equal. On MLX, `fast` keeps weights in
     /// their stored dtype (bf16 stays bf16, quantized keeps its bf16 scales) with activations
     /// in that dtype, as mlx-lm runs. Default: `fast` on metal, `exact` elsewhere. The CPU's
     /// instruction set is detected at run time; ENGINE_CPU_ISA=avx2 (or portable, avx512,

@@ -494,10 +494,10 @@ fn every_instruction_set_gives_the_same_bits() {
 }
 
 #[test]
-fn fast_numerics_change_only_4bit_group64_products() {
+fn fast_numerics_change_only_4bit_group64_and_bf16_products() {
     for (f, m) in [
-        (Format::Dense(DType::BF16), 1),
         (Format::Dense(DType::F32), 9),
+        (Format::Dense(DType::F16), 1),
         (Format::Affine(4, 32, DType::F32), 2),
         (Format::Affine(4, 128, DType::F32), 8),
         (Format::Affine(8, 64, DType::F32), 1),
@@ -508,15 +508,17 @@ fn fast_numerics_change_only_4bit_group64_products() {
         let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
         assert_eq!(exact, fast, "{f:?} m={m}");
     }
-    let w = random_weight(Format::Affine(4, 64, DType::BF16), 19, 256, 60);
-    for m in [1, 6] {
-        let x = Tensor::from_f32(&[m, 256], random_x(m, 256, 61)).unwrap();
-        let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
-        let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
-        assert_ne!(
-            exact, fast,
-            "the fast path must run for 4-bit group 64 (m={m})"
-        );
+    for f in [
+        Format::Affine(4, 64, DType::BF16),
+        Format::Dense(DType::BF16),
+    ] {
+        let w = random_weight(f, 19, 256, 60);
+        for m in [1, 5, 6] {
+            let x = Tensor::from_f32(&[m, 256], random_x(m, 256, 61)).unwrap();
+            let exact = bits_of(&matmul_at("native", Numerics::Exact, &x, &w));
+            let fast = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
+            assert_ne!(exact, fast, "the fast path must run for {f:?} (m={m})");
+        }
     }
 }
 
@@ -582,11 +584,19 @@ fn fast_numerics_keep_nan_and_are_thread_independent() {
 }
 
 #[test]
-fn fast_bf16_prefill_is_the_same_on_every_isa_even_with_subnormals() {
+fn fast_bf16_is_the_same_on_every_isa_even_with_subnormals() {
     // Weights and activations spanning normal, tiny and subnormal magnitudes (bf16 has f32's
-    // exponent range), where the instruction's DAZ/FTZ decide the bits.
-    let (n, k) = (37, 90);
-    let mut g = Lcg(90);
+    // exponent range), where the instruction's DAZ/FTZ decide the bits. Decode (m ≤ 5) and
+    // prefill row counts; k = 90 has one whole decode block of 64 columns and a tail, k = 129
+    // two blocks and an odd last column.
+    for k in [90, 129] {
+        fast_bf16_isa_case(k);
+    }
+}
+
+fn fast_bf16_isa_case(k: usize) {
+    let n = 37;
+    let mut g = Lcg(k as u64);
     let mag = |g: &mut Lcg| match g.next() % 4 {
         0 => 1.0,
         1 => 1e-20,
@@ -595,25 +605,43 @@ fn fast_bf16_prefill_is_the_same_on_every_isa_even_with_subnormals() {
     };
     let wv: Vec<f32> = (0..n * k).map(|_| g.unit() * mag(&mut g)).collect();
     let w = Weight::Dense(float_tensor(&[n, k], DType::BF16, &wv));
-    for m in [6, 8, 13] {
+    for m in [1, 2, 5, 6, 8, 13] {
         let xv: Vec<f32> = (0..m * k).map(|_| g.unit() * mag(&mut g)).collect();
         let x = Tensor::from_f32(&[m, k], xv).unwrap();
         let native = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
         for &level in isa::LEVELS {
             let got = bits_of(&matmul_at(level, Numerics::Fast, &x, &w));
-            assert_eq!(got, native, "m={m} at {level}");
+            assert_eq!(got, native, "k={k} m={m} at {level}");
         }
     }
 }
 
 #[test]
-fn fast_bf16_prefill_stays_within_the_activation_rounding_bound() {
+fn fast_bf16_decode_rows_are_independent() {
+    // An input row gives the same bits alone as among the 5 rows of an MTP verification, on
+    // every ISA level.
+    let (n, k) = (70, 300);
+    let w = random_weight(Format::Dense(DType::BF16), n, k, 97);
+    let xs = random_x(5, k, 98);
+    let x5 = Tensor::from_f32(&[5, k], xs.clone()).unwrap();
+    for &level in isa::LEVELS {
+        let all = bits_of(&matmul_at(level, Numerics::Fast, &x5, &w));
+        for i in 0..5 {
+            let xi = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
+            let one = bits_of(&matmul_at(level, Numerics::Fast, &xi, &w));
+            assert_eq!(one, all[i * n..(i + 1) * n], "row {i} at {level}");
+        }
+    }
+}
+
+#[test]
+fn fast_bf16_stays_within_the_activation_rounding_bound() {
     // Rounding x to bf16 moves each element by at most 2^-9 of itself; f32 accumulation adds
     // at most k·2^-24 of Σ|x·w|.
     let (n, k) = (29, 301);
     let w = random_weight(Format::Dense(DType::BF16), n, k, 95);
     let wr = reference(&w);
-    for m in [6, 9, 17] {
+    for m in [1, 3, 5, 6, 9, 17] {
         let x = random_x(m, k, 96 + m as u64);
         let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
         let fast = matmul_at("native", Numerics::Fast, &xt, &w);

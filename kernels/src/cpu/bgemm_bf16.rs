@@ -31,6 +31,18 @@ pub struct Bf16Input {
     words: Vec<u32>,
 }
 
+impl Bf16Input {
+    /// Input rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Row `i`'s pairs.
+    pub fn row(&self, i: usize) -> &[u32] {
+        &self.words[i * self.pairs..(i + 1) * self.pairs]
+    }
+}
+
 /// Rounds `m` rows of `k` to bf16 pairs, rows in parallel when there are enough of them.
 pub fn round_input(xs: &[f32], m: usize, k: usize) -> Bf16Input {
     let pairs = k.div_ceil(2);
@@ -147,7 +159,7 @@ pub unsafe fn tile_product(
 
 /// A bf16 (its bits in the high half of `w`) as f32, subnormals read as zero.
 #[inline(always)]
-fn daz(bits: u32) -> f32 {
+pub(super) fn daz(bits: u32) -> f32 {
     let v = f32::from_bits(bits);
     if v.is_subnormal() {
         f32::from_bits(bits & 0x8000_0000)
@@ -158,7 +170,7 @@ fn daz(bits: u32) -> f32 {
 
 /// `fma(a, b, acc)` with the result's subnormals flushed to zero.
 #[inline(always)]
-fn fma_ftz(a: f32, b: f32, acc: f32) -> f32 {
+pub(super) fn fma_ftz(a: f32, b: f32, acc: f32) -> f32 {
     let r = a.mul_add(b, acc);
     if r.is_subnormal() {
         f32::from_bits(r.to_bits() & 0x8000_0000)
@@ -181,19 +193,40 @@ fn portable_row(t: &Tile, x: &Bf16Input, i: usize, acc: &mut [f32; NR]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod mxcsr {
+    //! SSE's control register: the AVX2 emulations of `vdpbf16ps` set its DAZ and FTZ bits for
+    //! the span of their FMAs and restore it before any other float work.
+
+    /// MXCSR's flush-to-zero and denormals-are-zero bits.
+    pub const FTZ_DAZ: u32 = 0x8040;
+
+    #[inline(always)]
+    pub fn read() -> u32 {
+        let mut v: u32 = 0;
+        // SAFETY: stmxcsr stores the control register into `v`.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack)) };
+        v
+    }
+
+    #[inline(always)]
+    pub fn write(v: u32) {
+        // SAFETY: ldmxcsr loads a valid control word (a saved one, or one with two mode bits
+        // set).
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack)) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The same FMAs, 8 rows per register, under MXCSR's DAZ and FTZ (restored afterwards).
     use std::arch::x86_64::*;
 
-    use super::{Bf16Input, Tile, NR};
-
-    /// MXCSR's flush-to-zero and denormals-are-zero bits.
-    const FTZ_DAZ: u32 = 0x8040;
+    use super::{mxcsr, Bf16Input, Tile, NR};
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn row(t: &Tile, x: &Bf16Input, i: usize, acc: &mut [f32; NR]) {
-        let saved = read_csr();
-        write_csr(saved | FTZ_DAZ);
+        let saved = mxcsr::read();
+        mxcsr::write(saved | mxcsr::FTZ_DAZ);
         let hi_mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
         let mut a = [_mm256_setzero_ps(); 4];
         for p in 0..t.pairs {
@@ -213,21 +246,7 @@ mod avx2 {
             // SAFETY: acc holds 32 floats.
             unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(8 * h), *ah) };
         }
-        write_csr(saved);
-    }
-
-    #[inline(always)]
-    fn read_csr() -> u32 {
-        let mut v: u32 = 0;
-        // SAFETY: stmxcsr stores the control register into `v`.
-        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack)) };
-        v
-    }
-
-    #[inline(always)]
-    fn write_csr(v: u32) {
-        // SAFETY: ldmxcsr loads a valid control word (the saved one with two mode bits set).
-        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack)) };
+        mxcsr::write(saved);
     }
 }
 

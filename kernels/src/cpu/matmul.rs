@@ -249,6 +249,14 @@ fn matvec_chunks<'a>(
     dst: OutPtr,
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let (n, k) = (w.rows(), w.cols());
+    if let (Some(wb), Numerics::Fast) = (w.bf16_dense(), numerics) {
+        let x = super::bgemm_bf16::round_input(xs, m, k);
+        // SAFETY: `isa` is what the CPU has; `dst` is m x n and each chunk writes only its
+        // own columns.
+        return Box::new(move |r0, r1| unsafe {
+            super::bmatvec_bf16::rows(&x, wb, k, n, r0, r1, isa, dst)
+        });
+    }
     if let Some(a4) = w.affine4() {
         if numerics == Numerics::Fast && a4.group == super::qmatvec_q8::GROUP {
             let q = super::qmatvec_q8::quantize(xs, m, k);

@@ -6,6 +6,7 @@ pub mod attention;
 mod attention_decode;
 pub(crate) mod bgemm_bf16;
 pub mod binary;
+mod bmatvec_bf16;
 pub mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;

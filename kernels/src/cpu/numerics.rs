@@ -7,8 +7,10 @@
 //!   Its results differ from `exact` (its own goldens, key `numerics=fast`; against mlx-lm it
 //!   holds the top-5 walk with top-1 log-probs within 1 nat), but not between instruction
 //!   sets: the integer sums are exact, and the float steps after them run in one fixed order
-//!   on every ISA (VNNI, AVX2 and portable code give the same bits). Other weight formats run
-//!   as in `exact`.
+//!   on every ISA (VNNI, AVX2 and portable code give the same bits). Dense bf16 weights meet
+//!   activations rounded to bf16, their pairs summed as AVX-512 BF16's `vdpbf16ps` sums them
+//!   (its DAZ/FTZ emulated where it is missing): prefill in `bgemm_bf16`, decode in
+//!   `bmatvec_bf16`. Other weight formats run as in `exact`.
 //!
 //! On the MLX backend the same switch picks MLX's two modes (`mlx::ops::native`): `exact` runs
 //! in f32, `fast` keeps weights in their stored dtype with activations in it, as mlx-lm runs.
