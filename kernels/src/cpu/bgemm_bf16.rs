@@ -29,6 +29,10 @@ pub struct Bf16Input {
     m: usize,
     pairs: usize,
     words: Vec<u32>,
+    /// The same values as f32, `[m, 2 · pairs]` (a pair's even column first), for kernels that
+    /// broadcast single values; empty unless asked for.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    values: Vec<f32>,
 }
 
 impl Bf16Input {
@@ -41,16 +45,48 @@ impl Bf16Input {
     pub fn row(&self, i: usize) -> &[u32] {
         &self.words[i * self.pairs..(i + 1) * self.pairs]
     }
+
+    /// Row `i`'s values as f32 (empty unless `round_input` was asked for them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn values_row(&self, i: usize) -> &[f32] {
+        &self.values[i * 2 * self.pairs..(i + 1) * 2 * self.pairs]
+    }
+}
+
+/// Whether `tile_product` on `isa` broadcasts single f32 values (`Bf16Input::values`).
+pub fn needs_values(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa.avx512 && (!isa.bf16 || isa.bf16_dot_slow)
 }
 
 /// Rounds `m` rows of `k` to bf16 pairs, rows in parallel when there are enough of them.
-pub fn round_input(xs: &[f32], m: usize, k: usize) -> Bf16Input {
+/// With `values`, also keeps them as f32 (for [`needs_values`] kernels).
+pub fn round_input(xs: &[f32], m: usize, k: usize, values: bool) -> Bf16Input {
     let pairs = k.div_ceil(2);
     let mut words = vec![0u32; m * pairs];
     super::for_each_row(&mut words, pairs, |i, out| {
         round_row(&xs[i * k..(i + 1) * k], out)
     });
-    Bf16Input { m, pairs, words }
+    let values = if values {
+        let mut v = vec![0.0f32; m * 2 * pairs];
+        super::for_each_row(&mut v, 2 * pairs, |i, out| {
+            for (o, &w) in out
+                .chunks_exact_mut(2)
+                .zip(&words[i * pairs..(i + 1) * pairs])
+            {
+                o[0] = f32::from_bits(w << 16);
+                o[1] = f32::from_bits(w & 0xFFFF_0000);
+            }
+        });
+        v
+    } else {
+        Vec::new()
+    };
+    Bf16Input {
+        m,
+        pairs,
+        words,
+        values,
+    }
 }
 
 /// One row's pairs; an odd last column pairs with a zero.
@@ -90,8 +126,13 @@ impl Tile {
     pub fn pack(&mut self, w: &[bf16], k: usize, r0: usize, rows: usize) {
         let pairs = k.div_ceil(2);
         self.pairs = pairs;
-        self.words.clear();
+        // Only rows past the weight's end need zeros: every other word is written below.
         self.words.resize(pairs * NR, 0);
+        if rows < NR {
+            for p in 0..pairs {
+                self.words[p * NR + rows..(p + 1) * NR].fill(0);
+            }
+        }
         // Row by row, so each row streams from memory once (the tile's words stay in L2).
         let src = &w[r0 * k..(r0 + rows) * k];
         let whole = k / 2;
@@ -128,11 +169,17 @@ pub unsafe fn tile_product(
 ) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa.bf16 {
+    if isa.bf16 && !isa.bf16_dot_slow {
         while i + avx512::MR <= x.m {
             // SAFETY: AVX-512 BF16 is present; rows i..i + MR exist; forwarded.
             unsafe { avx512::rows(t, x, i, cols, out, ldo) };
             i += avx512::MR;
+        }
+    } else if isa.avx512 {
+        while i + avx512fma::MR <= x.m {
+            // SAFETY: AVX-512 F is present; rows i..i + MR exist; forwarded.
+            unsafe { avx512fma::rows(t, x, i, cols, out, ldo) };
+            i += avx512fma::MR;
         }
     }
     let mut acc = [0.0f32; NR];
@@ -251,6 +298,66 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx512fma {
+    //! `vdpbf16ps` emulated with AVX-512 FMAs under MXCSR's DAZ and FTZ, for CPUs where two
+    //! FMAs do more multiply-adds per cycle than the instruction (`Isa::bf16_dot_slow`) or lack
+    //! it: [`MR`] input rows × 32 weight rows per pass, each pair's odd then even products.
+    use std::arch::x86_64::*;
+
+    use super::{mxcsr, Bf16Input, Tile, NR};
+
+    pub const MR: usize = 8;
+
+    /// # Safety
+    /// AVX-512 F is present; rows `i0..i0 + MR` exist with their values; `out` as in
+    /// `tile_product`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::needless_range_loop)] // parallel arrays indexed by input row
+    pub unsafe fn rows(t: &Tile, x: &Bf16Input, i0: usize, cols: usize, out: *mut f32, ldo: usize) {
+        let saved = mxcsr::read();
+        mxcsr::write(saved | mxcsr::FTZ_DAZ);
+        let hi = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        // Each input value broadcast straight from memory (`Bf16Input::values`).
+        let xp: [*const f32; MR] = std::array::from_fn(|i| x.values_row(i0 + i).as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for p in 0..t.pairs {
+            // SAFETY: 32 words of pair p lie inside the tile; word p lies inside each row.
+            unsafe {
+                let q = t.words.as_ptr().add(p * NR);
+                let wa = _mm512_loadu_si512(q.cast());
+                let wb = _mm512_loadu_si512(q.add(16).cast());
+                let odd = [
+                    _mm512_castsi512_ps(_mm512_and_si512(wa, hi)),
+                    _mm512_castsi512_ps(_mm512_and_si512(wb, hi)),
+                ];
+                let even = [
+                    _mm512_castsi512_ps(_mm512_slli_epi32(wa, 16)),
+                    _mm512_castsi512_ps(_mm512_slli_epi32(wb, 16)),
+                ];
+                for i in 0..MR {
+                    let x0 = _mm512_set1_ps(*xp[i].add(2 * p));
+                    let x1 = _mm512_set1_ps(*xp[i].add(2 * p + 1));
+                    for h in 0..2 {
+                        acc[i][h] = _mm512_fmadd_ps(x1, odd[h], acc[i][h]);
+                        acc[i][h] = _mm512_fmadd_ps(x0, even[h], acc[i][h]);
+                    }
+                }
+            }
+        }
+        mxcsr::write(saved);
+        for i in 0..MR {
+            let mut o = [0.0f32; NR];
+            // SAFETY: o holds 32 floats; (i0 + i, c < cols) is this call's output.
+            unsafe {
+                _mm512_storeu_ps(o.as_mut_ptr(), acc[i][0]);
+                _mm512_storeu_ps(o.as_mut_ptr().add(16), acc[i][1]);
+                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     //! [`MR`] input rows × 32 weight rows per pass, one `vdpbf16ps` per register and pair.
     use std::arch::x86_64::*;
@@ -300,6 +407,62 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use half::bf16;
+
+    use super::super::isa::Isa;
+    use super::{round_input, tile_product, Tile, NR};
+
+    /// Every kernel `tile_product` can pick on this CPU, including both AVX-512 kernels whatever
+    /// `bf16_dot_slow` says here, gives the portable kernel's bits: normal, tiny and subnormal
+    /// values (where the instruction's DAZ/FTZ decide), an odd k and a partial tile.
+    #[test]
+    fn every_kernel_gives_the_same_bits() {
+        let (m, k, rows) = (19, 77, 29);
+        let mut state = 0x1234_5678u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let mag = [1.0, 1e-20, 1e-39, 3e-38][(state >> 60) as usize % 4];
+            ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * mag
+        };
+        let w: Vec<bf16> = (0..rows * k).map(|_| bf16::from_f32(next())).collect();
+        let xs: Vec<f32> = (0..m * k).map(|_| next()).collect();
+        let mut tile = Tile::default();
+        tile.pack(&w, k, 0, rows);
+        let run = |isa: Isa| {
+            let x = round_input(&xs, m, k, super::needs_values(isa));
+            let mut out = vec![0.0f32; m * NR];
+            // SAFETY: `isa` holds only detected features; `out` is m rows of NR.
+            unsafe { tile_product(&tile, &x, isa, rows, out.as_mut_ptr(), NR) };
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(Isa::default());
+        let d = Isa::detected();
+        let mut variants = vec![Isa {
+            avx512: false,
+            vnni: false,
+            bf16: false,
+            bf16_dot_slow: false,
+            ..d
+        }];
+        variants.push(Isa {
+            vnni: false,
+            bf16: false,
+            bf16_dot_slow: false,
+            ..d
+        });
+        variants.push(Isa {
+            bf16_dot_slow: false,
+            ..d
+        });
+        variants.push(Isa {
+            bf16_dot_slow: d.bf16,
+            ..d
+        });
+        for isa in variants {
+            assert_eq!(run(isa), want, "{isa:?}");
+        }
+    }
 
     #[test]
     fn bf16_rounding_matches_half() {

@@ -183,7 +183,7 @@ fn fast_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) ->
         return true;
     }
     if let Some(wb) = w.bf16_dense() {
-        let x = bgemm_bf16::round_input(xs, m, k);
+        let x = bgemm_bf16::round_input(xs, m, k, bgemm_bf16::needs_values(isa));
         for_each_tile(n, bgemm_bf16::NR, m * n * k, |r0, cols| {
             BF16_TILE.with(|t| {
                 let mut t = t.borrow_mut();
@@ -250,7 +250,7 @@ fn matvec_chunks<'a>(
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let (n, k) = (w.rows(), w.cols());
     if let (Some(wb), Numerics::Fast) = (w.bf16_dense(), numerics) {
-        let x = super::bgemm_bf16::round_input(xs, m, k);
+        let x = super::bgemm_bf16::round_input(xs, m, k, false);
         // SAFETY: `isa` is what the CPU has; `dst` is m x n and each chunk writes only its
         // own columns.
         return Box::new(move |r0, r1| unsafe {
