@@ -123,7 +123,7 @@ pub struct Tile {
 
 impl Tile {
     /// Repacks rows `r0..r0 + rows` (`rows ≤ NR`) of the `[n, k]` weight `w`.
-    pub fn pack(&mut self, w: &[bf16], k: usize, r0: usize, rows: usize) {
+    pub fn pack(&mut self, w: &[bf16], k: usize, r0: usize, rows: usize, isa: Isa) {
         let pairs = k.div_ceil(2);
         self.pairs = pairs;
         // Only rows past the weight's end need zeros: every other word is written below.
@@ -133,22 +133,103 @@ impl Tile {
                 self.words[p * NR + rows..(p + 1) * NR].fill(0);
             }
         }
-        // Row by row, so each row streams from memory once (the tile's words stay in L2).
         let src = &w[r0 * k..(r0 + rows) * k];
         let whole = k / 2;
+        // Blocks of 16 rows x 16 pairs transposed in registers where the CPU can.
+        let vector = cfg!(target_arch = "x86_64") && isa.avx512;
+        let (vec_rows, vec_pairs) = match vector {
+            true => (rows / 16 * 16, whole / 16 * 16),
+            false => (0, 0),
+        };
+        #[cfg(target_arch = "x86_64")]
+        if vector {
+            for rb in (0..vec_rows).step_by(16) {
+                for pb in (0..vec_pairs).step_by(16) {
+                    // SAFETY: AVX-512 F is present; rows rb..rb + 16 < rows and words
+                    // pb..pb + 16 ≤ whole lie inside `src`; pairs pb..pb + 16 of tile rows
+                    // rb..rb + 16 lie inside the tile.
+                    unsafe {
+                        transpose::block16(
+                            src.as_ptr().add(rb * k + 2 * pb),
+                            k,
+                            self.words.as_mut_ptr().add(pb * NR + rb),
+                            NR,
+                        )
+                    };
+                }
+            }
+        }
         let base = src.as_ptr();
+        let mut word = |r: usize, p: usize| {
+            // SAFETY: r < rows and 2p + 1 < k, so both halves lie inside `src`; the word is
+            // read unaligned (a pair starts at an odd element when k is odd). Little-endian:
+            // the even column lands in the low half, as `round_input` puts it.
+            self.words[p * NR + r] =
+                unsafe { base.add(r * k + 2 * p).cast::<u32>().read_unaligned() };
+        };
+        // The rest row by row, so each row streams from memory once (the tile stays in L2).
         for r in 0..rows {
-            for p in 0..whole {
-                // SAFETY: r < rows and 2p + 1 < k, so both halves lie inside `src`; the word
-                // is read unaligned (a pair starts at an odd element when k is odd).
-                // Little-endian: the even column lands in the low half, as `round_input` puts it.
-                self.words[p * NR + r] =
-                    unsafe { base.add(r * k + 2 * p).cast::<u32>().read_unaligned() };
+            let from = if r < vec_rows { vec_pairs } else { 0 };
+            for p in from..whole {
+                word(r, p);
             }
         }
         if whole < pairs {
             for r in 0..rows {
                 self.words[whole * NR + r] = src[r * k + 2 * whole].to_bits() as u32;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod transpose {
+    //! A 16 x 16 transpose of 32-bit words (a weight tile's pairs) in AVX-512 registers.
+    use std::arch::x86_64::*;
+
+    use half::bf16;
+
+    /// `dst[q * dst_stride + j] = word q of row j` for rows `src + j * stride` (bf16 elements),
+    /// `j, q < 16`.
+    ///
+    /// # Safety
+    /// AVX-512 F is present; the 16 rows hold 32 bf16 each from their start; `dst` holds the
+    /// 16 x 16 words at that stride.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn block16(src: *const bf16, stride: usize, dst: *mut u32, dst_stride: usize) {
+        // SAFETY: forwarded from the caller.
+        let r: [__m512i; 16] =
+            std::array::from_fn(|j| unsafe { _mm512_loadu_si512(src.add(j * stride).cast()) });
+        // Per 128-bit lane L: rows 2i and 2i+1 interleaved by word.
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4i + c], lane L: word 4L + c of rows 4i..4i + 4.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for i in 0..4 {
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        // Word 4L + c of all 16 rows: lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+        for c in 0..4 {
+            let (v0, v1, v2, v3) = (u[c], u[4 + c], u[8 + c], u[12 + c]);
+            let s0 = _mm512_shuffle_i32x4::<0x88>(v0, v1);
+            let s1 = _mm512_shuffle_i32x4::<0xDD>(v0, v1);
+            let s2 = _mm512_shuffle_i32x4::<0x88>(v2, v3);
+            let s3 = _mm512_shuffle_i32x4::<0xDD>(v2, v3);
+            let out = [
+                _mm512_shuffle_i32x4::<0x88>(s0, s2),
+                _mm512_shuffle_i32x4::<0x88>(s1, s3),
+                _mm512_shuffle_i32x4::<0xDD>(s0, s2),
+                _mm512_shuffle_i32x4::<0xDD>(s1, s3),
+            ];
+            for (l, o) in out.iter().enumerate() {
+                // SAFETY: word 4l + c < 16 of the block.
+                unsafe { _mm512_storeu_si512(dst.add((4 * l + c) * dst_stride).cast(), *o) };
             }
         }
     }
@@ -415,6 +496,26 @@ mod tests {
     /// `bf16_dot_slow` says here, gives the portable kernel's bits: normal, tiny and subnormal
     /// values (where the instruction's DAZ/FTZ decide), an odd k and a partial tile.
     #[test]
+    fn vector_packing_is_the_scalar_packing() {
+        for (rows, k) in [(32, 64), (29, 77), (16, 100), (7, 33), (32, 1024), (17, 31)] {
+            let w: Vec<bf16> = (0..rows * k)
+                .map(|i| bf16::from_bits((i * 7919 % 65_521) as u16))
+                .collect();
+            let (mut a, mut b) = (Tile::default(), Tile::default());
+            a.pack(&w, k, 0, rows, Isa::default());
+            // A stale, longer tile first: packing must not keep any of it.
+            b.words = vec![u32::MAX; 2048 * NR];
+            b.pack(&w, k, 0, rows, Isa::detected());
+            assert_eq!(a.pairs, b.pairs);
+            assert_eq!(
+                a.words[..a.pairs * NR],
+                b.words[..b.pairs * NR],
+                "rows={rows} k={k}"
+            );
+        }
+    }
+
+    #[test]
     fn every_kernel_gives_the_same_bits() {
         let (m, k, rows) = (19, 77, 29);
         let mut state = 0x1234_5678u64;
@@ -428,7 +529,7 @@ mod tests {
         let w: Vec<bf16> = (0..rows * k).map(|_| bf16::from_f32(next())).collect();
         let xs: Vec<f32> = (0..m * k).map(|_| next()).collect();
         let mut tile = Tile::default();
-        tile.pack(&w, k, 0, rows);
+        tile.pack(&w, k, 0, rows, Isa::default());
         let run = |isa: Isa| {
             let x = round_input(&xs, m, k, super::needs_values(isa));
             let mut out = vec![0.0f32; m * NR];

@@ -187,7 +187,7 @@ fn fast_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) ->
         for_each_tile(n, bgemm_bf16::NR, m * n * k, |r0, cols| {
             BF16_TILE.with(|t| {
                 let mut t = t.borrow_mut();
-                t.pack(wb, k, r0, cols);
+                t.pack(wb, k, r0, cols, isa);
                 // SAFETY: the tile writes columns r0..r0 + cols of the m x n output alone.
                 unsafe { bgemm_bf16::tile_product(&t, &x, isa, cols, dst.at(r0), n) };
             })
