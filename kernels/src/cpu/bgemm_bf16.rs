@@ -378,6 +378,31 @@ mod avx2 {
     }
 }
 
+/// Columns `0..cols` of input rows `i0..` from two AVX-512 registers of sums per row.
+///
+/// # Safety
+/// AVX-512 F is present; `out` as in `tile_product`, rows `i0..i0 + acc.len()` this call's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_rows(
+    acc: &[[std::arch::x86_64::__m512; 2]],
+    i0: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    use std::arch::x86_64::_mm512_storeu_ps;
+    for (i, a) in acc.iter().enumerate() {
+        let mut o = [0.0f32; NR];
+        // SAFETY: o holds 32 floats; (i0 + i, c < cols) is this call's output.
+        unsafe {
+            _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
+            std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512fma {
     //! `vdpbf16ps` emulated with AVX-512 FMAs under MXCSR's DAZ and FTZ, for CPUs where two
@@ -385,7 +410,7 @@ mod avx512fma {
     //! it: [`MR`] input rows × 32 weight rows per pass, each pair's odd then even products.
     use std::arch::x86_64::*;
 
-    use super::{mxcsr, Bf16Input, Tile, NR};
+    use super::{mxcsr, store_rows, Bf16Input, Tile, NR};
 
     pub const MR: usize = 8;
 
@@ -426,15 +451,8 @@ mod avx512fma {
             }
         }
         mxcsr::write(saved);
-        for i in 0..MR {
-            let mut o = [0.0f32; NR];
-            // SAFETY: o holds 32 floats; (i0 + i, c < cols) is this call's output.
-            unsafe {
-                _mm512_storeu_ps(o.as_mut_ptr(), acc[i][0]);
-                _mm512_storeu_ps(o.as_mut_ptr().add(16), acc[i][1]);
-                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { store_rows(&acc, i0, cols, out, ldo) };
     }
 }
 
@@ -443,7 +461,7 @@ mod avx512 {
     //! [`MR`] input rows × 32 weight rows per pass, one `vdpbf16ps` per register and pair.
     use std::arch::x86_64::*;
 
-    use super::{Bf16Input, Tile, NR};
+    use super::{store_rows, Bf16Input, Tile, NR};
 
     pub const MR: usize = 8;
 
@@ -473,15 +491,8 @@ mod avx512 {
                 acc[i][1] = _mm512_dpbf16_ps(acc[i][1], b, w1);
             }
         }
-        for i in 0..MR {
-            let mut o = [0.0f32; NR];
-            // SAFETY: o holds 32 floats; (i0 + i, c < cols) is this call's output.
-            unsafe {
-                _mm512_storeu_ps(o.as_mut_ptr(), acc[i][0]);
-                _mm512_storeu_ps(o.as_mut_ptr().add(16), acc[i][1]);
-                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add((i0 + i) * ldo), cols);
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { store_rows(&acc, i0, cols, out, ldo) };
     }
 }
 
