@@ -53,7 +53,8 @@ impl Bf16Input {
     }
 }
 
-/// Whether `tile_product` on `isa` broadcasts single f32 values (`Bf16Input::values`).
+/// Whether `tile_product` on `isa` runs the AVX-512 FMA kernel, which broadcasts single f32
+/// values (`Bf16Input::values`), rather than `vdpbf16ps` or the per-row kernels.
 pub fn needs_values(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa.avx512 && (!isa.bf16 || isa.bf16_dot_slow)
 }
@@ -137,9 +138,10 @@ impl Tile {
         let whole = k / 2;
         // Blocks of 16 rows x 16 pairs transposed in registers where the CPU can.
         let vector = cfg!(target_arch = "x86_64") && isa.avx512;
-        let (vec_rows, vec_pairs) = match vector {
-            true => (rows / 16 * 16, whole / 16 * 16),
-            false => (0, 0),
+        let (vec_rows, vec_pairs) = if vector {
+            (rows / 16 * 16, whole / 16 * 16)
+        } else {
+            (0, 0)
         };
         #[cfg(target_arch = "x86_64")]
         if vector {
@@ -160,18 +162,15 @@ impl Tile {
             }
         }
         let base = src.as_ptr();
-        let mut word = |r: usize, p: usize| {
-            // SAFETY: r < rows and 2p + 1 < k, so both halves lie inside `src`; the word is
-            // read unaligned (a pair starts at an odd element when k is odd). Little-endian:
-            // the even column lands in the low half, as `round_input` puts it.
-            self.words[p * NR + r] =
-                unsafe { base.add(r * k + 2 * p).cast::<u32>().read_unaligned() };
-        };
         // The rest row by row, so each row streams from memory once (the tile stays in L2).
         for r in 0..rows {
             let from = if r < vec_rows { vec_pairs } else { 0 };
             for p in from..whole {
-                word(r, p);
+                // SAFETY: r < rows and 2p + 1 < k, so both halves lie inside `src`; the word
+                // is read unaligned (a pair starts at an odd element when k is odd).
+                // Little-endian: the even column lands in the low half, as `round_input` puts it.
+                self.words[p * NR + r] =
+                    unsafe { base.add(r * k + 2 * p).cast::<u32>().read_unaligned() };
             }
         }
         if whole < pairs {
@@ -250,17 +249,17 @@ pub unsafe fn tile_product(
 ) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa.bf16 && !isa.bf16_dot_slow {
+    if needs_values(isa) {
+        while i + avx512fma::MR <= x.m {
+            // SAFETY: AVX-512 F is present; rows i..i + MR exist with their values; forwarded.
+            unsafe { avx512fma::rows(t, x, i, cols, out, ldo) };
+            i += avx512fma::MR;
+        }
+    } else if isa.bf16 {
         while i + avx512::MR <= x.m {
             // SAFETY: AVX-512 BF16 is present; rows i..i + MR exist; forwarded.
             unsafe { avx512::rows(t, x, i, cols, out, ldo) };
             i += avx512::MR;
-        }
-    } else if isa.avx512 {
-        while i + avx512fma::MR <= x.m {
-            // SAFETY: AVX-512 F is present; rows i..i + MR exist; forwarded.
-            unsafe { avx512fma::rows(t, x, i, cols, out, ldo) };
-            i += avx512fma::MR;
         }
     }
     let mut acc = [0.0f32; NR];
@@ -503,9 +502,8 @@ mod tests {
     use super::super::isa::Isa;
     use super::{round_input, tile_product, Tile, NR};
 
-    /// Every kernel `tile_product` can pick on this CPU, including both AVX-512 kernels whatever
-    /// `bf16_dot_slow` says here, gives the portable kernel's bits: normal, tiny and subnormal
-    /// values (where the instruction's DAZ/FTZ decide), an odd k and a partial tile.
+    /// The AVX-512 transposes pack the same words as the scalar loop: whole and partial
+    /// blocks of 16 rows and 16 pairs, odd k.
     #[test]
     fn vector_packing_is_the_scalar_packing() {
         for (rows, k) in [(32, 64), (29, 77), (16, 100), (7, 33), (32, 1024), (17, 31)] {
@@ -526,6 +524,9 @@ mod tests {
         }
     }
 
+    /// Every kernel `tile_product` can pick on this CPU, including both AVX-512 kernels whatever
+    /// `bf16_dot_slow` says here, gives the portable kernel's bits: normal, tiny and subnormal
+    /// values (where the instruction's DAZ/FTZ decide), an odd k and a partial tile.
     #[test]
     fn every_kernel_gives_the_same_bits() {
         let (m, k, rows) = (19, 77, 29);

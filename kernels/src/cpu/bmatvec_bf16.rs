@@ -72,26 +72,16 @@ unsafe fn vector_blocks(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        macro_rules! by_m {
-            ($f:ident) => {
-                // SAFETY: forwarded from the caller.
-                unsafe {
-                    match lanes.len() {
-                        1 => x86::$f::<1>(x, row, blocks, lanes),
-                        2 => x86::$f::<2>(x, row, blocks, lanes),
-                        3 => x86::$f::<3>(x, row, blocks, lanes),
-                        4 => x86::$f::<4>(x, row, blocks, lanes),
-                        _ => x86::$f::<5>(x, row, blocks, lanes),
-                    }
-                }
-            };
-        }
+        use x86::{blocks_avx2, blocks_avx512bf16};
+        let m = lanes.len();
         if isa.bf16 {
-            by_m!(blocks_avx512bf16);
+            // SAFETY: forwarded from the caller.
+            unsafe { by_rows!(m, blocks_avx512bf16(x, row, blocks, lanes)) };
             return blocks * LANES;
         }
         if isa.avx2 {
-            by_m!(blocks_avx2);
+            // SAFETY: forwarded from the caller.
+            unsafe { by_rows!(m, blocks_avx2(x, row, blocks, lanes)) };
             return blocks * LANES;
         }
     }

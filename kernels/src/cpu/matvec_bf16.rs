@@ -32,25 +32,14 @@ pub unsafe fn rows(
     r1: usize,
     dst: OutPtr,
 ) {
-    macro_rules! by_m {
-        ($f:ident) => {
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                match m {
-                    1 => $f::<1>(xs, k, w, n, r0, r1, dst),
-                    2 => $f::<2>(xs, k, w, n, r0, r1, dst),
-                    3 => $f::<3>(xs, k, w, n, r0, r1, dst),
-                    4 => $f::<4>(xs, k, w, n, r0, r1, dst),
-                    _ => $f::<5>(xs, k, w, n, r0, r1, dst),
-                }
-            }
-        };
-    }
     debug_assert!(m <= DECODE_MAX_M);
-    if avx512 {
-        by_m!(rows_avx512)
-    } else {
-        by_m!(rows_avx2)
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if avx512 {
+            by_rows!(m, rows_avx512(xs, k, w, n, r0, r1, dst))
+        } else {
+            by_rows!(m, rows_avx2(xs, k, w, n, r0, r1, dst))
+        }
     }
 }
 

@@ -2,6 +2,21 @@
 //! split over output rows in fixed-size chunks (never over a reduction), so the bits of every
 //! result are independent of the thread count.
 
+/// `$f::<M>(args…)` for the const `M` equal to the run-time row count `$m` (at most
+/// `matmul::DECODE_MAX_M`): a const count keeps the accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($m:expr, $f:ident($($a:expr),*)) => {
+        match $m {
+            1 => $f::<1>($($a),*),
+            2 => $f::<2>($($a),*),
+            3 => $f::<3>($($a),*),
+            4 => $f::<4>($($a),*),
+            _ => $f::<5>($($a),*),
+        }
+    };
+}
+
 pub mod attention;
 mod attention_decode;
 pub(crate) mod bgemm_bf16;

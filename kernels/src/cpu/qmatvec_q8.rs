@@ -27,21 +27,6 @@ const PERM: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Bytes of codes per group.
 const GB: usize = GROUP / 2;
 
-/// `$f::<M>(args…)` for the const `M` equal to the run-time row count `$m` (at most
-/// [`DECODE_MAX_M`]): a const count keeps the accumulators in registers.
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_rows {
-    ($m:expr, $f:ident($($a:expr),*)) => {
-        match $m {
-            1 => $f::<1>($($a),*),
-            2 => $f::<2>($($a),*),
-            3 => $f::<3>($($a),*),
-            4 => $f::<4>($($a),*),
-            _ => $f::<5>($($a),*),
-        }
-    };
-}
-
 /// Output columns `r0..r1` of a fast 4-bit decode product: for each weight row `r`,
 /// `$sums(w, r, q)` gives its scale and bias lanes per input row, and the output is the sum of
 /// their trees (in [`tree_sum`]'s order). A macro, not a function: the AVX2 and VNNI kernels
