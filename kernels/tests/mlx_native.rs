@@ -197,3 +197,77 @@ fn native_embedding_rows_keep_the_table_dtype() {
         .collect();
     assert_eq!(host_vec(&rows), want);
 }
+
+/// Attention in f64 from the given values: `q` `[T, Hq, D]`, `k`/`v` `[Hk, cap, D]`, with
+/// the causal and window rule of `ops::attention`.
+fn attention_f64(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (t, hq, hk, d, cap): (usize, usize, usize, usize, usize),
+    p: &ops::AttnParams,
+) -> Vec<f64> {
+    let mut out = vec![0.0f64; t * hq * d];
+    for i in 0..t {
+        let pos = p.q_start + i;
+        let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        for h in 0..hq {
+            let kh = h / (hq / hk);
+            let qrow = &q[(i * hq + h) * d..][..d];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let krow = &k[(kh * cap + j) * d..][..d];
+                    let dot: f64 = qrow
+                        .iter()
+                        .zip(krow)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    dot * p.scale as f64
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for (jj, wj) in w.iter().enumerate() {
+                let vrow = &v[(kh * cap + lo + jj) * d..][..d];
+                for c in 0..d {
+                    out[(i * hq + h) * d + c] += wj / total * vrow[c] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The native path's attention on MLX's CPU device runs in blocks of queries with f32 GEMMs:
+/// a prompt of several blocks (continuing a cached one, GQA, with and without a sliding
+/// window) and a decode step stay within bf16 rounding of an f64 attention of the same bf16
+/// values, and the result keeps the activations' dtype.
+#[test]
+fn native_attention_in_query_blocks_matches_f64() {
+    let (hq, hk, d, cap) = (4, 2, 16, 700);
+    let k = bf16_tensor(&[hk, cap, d], 12);
+    let v = bf16_tensor(&[hk, cap, d], 13);
+    let (kv_host, vv_host) = (k.to_vec_f32().unwrap(), v.to_vec_f32().unwrap());
+    let (km, vm) = (mlx(&k), mlx(&v));
+    for (t, q_start, window) in [(600, 50, None), (600, 50, Some(100)), (1, 649, None)] {
+        let q = bf16_tensor(&[t, hq, d], 14 + t as u64);
+        let p = ops::AttnParams {
+            q_start,
+            kv_len: q_start + t,
+            scale: 0.25,
+            window,
+            softcap: None,
+        };
+        let got = native(|| ops::attention(&mlx(&q), &km, &vm, &p)).unwrap();
+        assert_eq!(got.dtype(), DType::BF16);
+        assert_eq!(got.shape(), &[t, hq, d]);
+        let reference = attention_f64(
+            (&q.to_vec_f32().unwrap(), &kv_host, &vv_host),
+            (t, hq, hk, d, cap),
+            &p,
+        );
+        let e = nmse_f64(&reference, &host_vec(&got));
+        // Scaled queries, scores, probabilities and the output are each rounded to bf16
+        // (relative error 2⁻⁹ apiece), as MLX's own attention rounds them.
+        assert!(e < 1e-4, "T={t} window {window:?}: NMSE {e:e}");
+    }
+}

@@ -33,6 +33,12 @@ pub fn default_device() -> Result<MlxDevice> {
     })
 }
 
+/// Whether MLX ops run on its CPU device now (where its f32 products go to BLAS and its bf16
+/// and quantized ones do not); false when the device cannot be read.
+pub(crate) fn on_cpu() -> bool {
+    matches!(default_device(), Ok(MlxDevice::Cpu))
+}
+
 /// Makes `d` MLX's default device for the whole process. Asking for the GPU from a library
 /// without one is an error, not a silent fall back to the CPU.
 pub fn set_default_device(d: MlxDevice) -> Result<()> {
