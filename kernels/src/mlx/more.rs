@@ -148,6 +148,9 @@ fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result
     };
     let (ka, va) = (used(k)?, used(v)?);
     let o = if super::ops::native() && super::device::on_cpu() {
+        // Widened once here, not per block: every block reads a prefix of the same keys.
+        let f32 = |a: Array| super::ops::cast(op, a, mlx_rs::Dtype::Float32);
+        let (ka, va) = (f32(ka)?, f32(va)?);
         let mut blocks = Vec::with_capacity(t.div_ceil(CPU_QUERY_BLOCK));
         for s in (0..t).step_by(CPU_QUERY_BLOCK) {
             let e = (s + CPU_QUERY_BLOCK).min(t);
@@ -184,7 +187,8 @@ fn fused_attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result
 /// there (`mx.fast.scaled_dot_product_attention` on a CPU), in the same dtypes and roundings
 /// (queries scaled in their dtype, scores and `p v` rounded to it, a precise softmax), except
 /// that the two products run as f32 GEMMs (BLAS) where MLX runs bf16 ones in a loop: only the
-/// summation order inside a product differs. Shapes as [`sdpa_block`].
+/// summation order inside a product differs. Shapes as [`sdpa_block`]; `ka` and `va` may
+/// come widened already (their values, not their dtype, enter the products).
 fn cpu_block(qa: &Array, ka: &Array, va: &Array, p: &AttnParams) -> Result<Array> {
     use mlx_rs::Dtype;
     let op = "attention";

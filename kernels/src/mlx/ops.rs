@@ -60,9 +60,8 @@ fn rows(x: &Array) -> usize {
 }
 
 /// `x @ wᵀ` computed in f32 and rounded once to `x`'s dtype: the contract of MLX's own bf16
-/// and quantized CPU products (f32 products of the same weight values, summed in f32, one
-/// rounding of the result), with another summation order. `w` holds the weight's values
-/// (stored bf16/f16 or dequantized), widened here exactly.
+/// CPU product (f32 products of the same values, summed in f32, one rounding of the result),
+/// with another summation order. `w` is the stored bf16/f16 weight, widened here exactly.
 fn widened_product(op: &'static str, x: &Array, w: Array) -> Result<Array> {
     let out = x.dtype();
     let xf = cast(op, x.clone(), Dtype::Float32)?;
