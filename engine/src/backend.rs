@@ -197,7 +197,12 @@ impl Pipeline {
     /// get their own results, casting weights per call.
     pub fn load_for(dir: &Path, backend: Backend, numerics: Numerics) -> Result<Pipeline> {
         backend.activate()?;
-        let mut p = Pipeline::load(dir)?;
+        // Other backends upload the weights, so they read them from the map.
+        let pages = match backend {
+            Backend::Cpu => crate::weights::Pages::for_cpu()?,
+            _ => crate::weights::Pages::Mapped,
+        };
+        let mut p = Pipeline::load_with(dir, pages)?;
         if backend != Backend::Cpu {
             kernels::cpu::numerics::with(numerics, || p.model.to_device(backend.device()))
                 .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;

@@ -10,6 +10,7 @@ use crate::generate::{GenerateRequest, MtpOptions, PagedKv, SamplingParams};
 use crate::layers::GdnPath;
 use crate::models::{self, CausalLm};
 use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::weights::Pages;
 
 pub struct Pipeline {
     pub dir: PathBuf,
@@ -47,11 +48,17 @@ pub struct RequestOptions {
 pub const DEFAULT_MAX_TOKENS: usize = 128;
 
 impl Pipeline {
+    /// Loads a checkpoint folder for the CPU backend.
     pub fn load(dir: &Path) -> Result<Pipeline> {
+        Pipeline::load_with(dir, Pages::for_cpu()?)
+    }
+
+    /// [`Pipeline::load`] with the weights' bytes kept as `pages` asks.
+    pub fn load_with(dir: &Path, pages: Pages) -> Result<Pipeline> {
         let config = ModelConfig::load(dir)?;
         let generation = GenerationConfig::load(dir)?;
         let tokenizer = Tokenizer::load(dir)?;
-        let model = models::load(dir)?;
+        let model = models::load_with(dir, pages)?;
         Ok(Pipeline {
             dir: dir.to_path_buf(),
             config,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use engine::config::{GenerationConfig, ModelConfig};
 use engine::tokenizer::{ChatMessage, Tokenizer};
-use engine::weights::WeightStore;
+use engine::weights::{Pages, WeightStore};
 use kernels::{DType, QuantMode, QuantSpec, Weight};
 use serde_json::json;
 
@@ -131,10 +131,15 @@ fn every_dtype_round_trips() {
         ),
         entry("a.empty", "F32", &[0, 4], vec![]),
     ];
-    // Both an aligned and a deliberately misaligned data section must read the same values.
-    for (pad, file) in [(true, "model.safetensors"), (false, "model.safetensors")] {
+    // Both an aligned and a deliberately misaligned data section must read the same values,
+    // from the memory map and from the CPU backend's copy in huge pages.
+    let file = "model.safetensors";
+    for (pad, pages) in [true, false]
+        .into_iter()
+        .flat_map(|pad| [Pages::Mapped, Pages::Huge].map(|p| (pad, p)))
+    {
         std::fs::write(dir.path().join(file), safetensors_bytes(&entries, pad)).unwrap();
-        let store = WeightStore::open(dir.path()).unwrap();
+        let store = WeightStore::open_with(dir.path(), pages).unwrap();
         let names = store.names();
         let mut want: Vec<String> = entries.iter().map(|e| e.name.to_string()).collect();
         want.sort();
@@ -226,7 +231,7 @@ fn sharded_index_loads_every_shard() {
         index.to_string(),
     )
     .unwrap();
-    let store = WeightStore::open(dir.path()).unwrap();
+    let store = WeightStore::open_with(dir.path(), Pages::Huge).unwrap();
     assert_eq!(store.names(), ["x.a", "x.b", "x.c"]);
     assert_eq!(store.files().len(), 2);
     assert_eq!(

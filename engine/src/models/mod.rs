@@ -14,7 +14,7 @@ use kernels::Tensor;
 
 use crate::cache::ModelState;
 use crate::config::ModelConfig;
-use crate::weights::WeightStore;
+use crate::weights::{Pages, WeightStore};
 
 /// What `engine info` prints and tools record.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -164,10 +164,16 @@ pub trait SelfDrafter: Sync {
     ) -> Result<(Option<Tensor>, Tensor)>;
 }
 
-/// Loads the family named by the folder's config.json.
+/// Loads the family named by the folder's config.json, for the CPU backend (weights in huge
+/// pages where the machine allows, see [`crate::weights::pages`]).
 pub fn load(dir: &Path) -> Result<Box<dyn CausalLm>> {
+    load_with(dir, Pages::for_cpu()?)
+}
+
+/// [`load`] with the weights' bytes kept as `pages` asks.
+pub fn load_with(dir: &Path, pages: Pages) -> Result<Box<dyn CausalLm>> {
     let cfg = ModelConfig::load(dir)?;
-    let store = WeightStore::open(dir)?;
+    let store = WeightStore::open_with(dir, pages)?;
     from_parts(&cfg, &store)
 }
 

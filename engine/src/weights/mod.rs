@@ -1,7 +1,9 @@
-//! Checkpoint tensors: every safetensors shard memory-mapped, tensors handed out as zero-copy
-//! views. Name mapping between layouts belongs to each model family; this store only knows
-//! names as the files spell them.
+//! Checkpoint tensors: every safetensors shard memory-mapped (or, for the CPU backend, copied
+//! into huge pages: see [`pages`]), tensors handed out as zero-copy views of those bytes. Name
+//! mapping between layouts belongs to each model family; this store only knows names as the
+//! files spell them.
 
+pub mod pages;
 pub mod safetensors;
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,6 +14,7 @@ use kernels::{DType, QuantSpec, QuantWeight, Tensor, Weight};
 use serde_json::Value;
 
 use crate::config::short;
+pub use pages::Pages;
 use safetensors::SafetensorsFile;
 
 const INDEX: &str = "model.safetensors.index.json";
@@ -27,8 +30,13 @@ pub struct WeightStore {
 impl WeightStore {
     /// Opens a checkpoint folder: `model.safetensors.index.json` and its shards, else
     /// `model.safetensors`, else every `model*.safetensors` (mlx-lm loads that glob), else every
-    /// `*.safetensors`.
+    /// `*.safetensors`. Tensors view the memory maps.
     pub fn open(dir: &Path) -> Result<WeightStore> {
+        WeightStore::open_with(dir, Pages::Mapped)
+    }
+
+    /// [`WeightStore::open`], each file's bytes kept as `pages` asks.
+    pub fn open_with(dir: &Path, pages: Pages) -> Result<WeightStore> {
         if !dir.is_dir() {
             bail!(
                 "{}: model folder does not exist or is not a folder",
@@ -37,7 +45,7 @@ impl WeightStore {
         }
         let index_path = dir.join(INDEX);
         if crate::files::exists(&index_path) {
-            return WeightStore::open_indexed(dir, &index_path);
+            return WeightStore::open_indexed(dir, &index_path, pages);
         }
         let paths = if crate::files::exists(&dir.join(SINGLE)) {
             vec![dir.join(SINGLE)]
@@ -66,7 +74,7 @@ impl WeightStore {
             location: HashMap::new(),
         };
         for path in paths {
-            let file = SafetensorsFile::open(&path)?;
+            let file = SafetensorsFile::open_with(&path, pages)?;
             let idx = store.files.len();
             for name in file.tensors.keys() {
                 if let Some(&other) = store.location.get(name) {
@@ -85,7 +93,7 @@ impl WeightStore {
         Ok(store)
     }
 
-    fn open_indexed(dir: &Path, index_path: &Path) -> Result<WeightStore> {
+    fn open_indexed(dir: &Path, index_path: &Path, pages: Pages) -> Result<WeightStore> {
         let shown = index_path.display();
         let text = crate::files::read_text(index_path, crate::files::MAX_CONFIG_BYTES)?;
         let root: Value =
@@ -125,7 +133,7 @@ impl WeightStore {
                 );
             }
             file_idx.insert(shard.clone(), files.len());
-            files.push(SafetensorsFile::open(&path)?);
+            files.push(SafetensorsFile::open_with(&path, pages)?);
         }
         let mut location = HashMap::with_capacity(wanted.len());
         for (name, shard) in wanted {

@@ -10,23 +10,15 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use kernels::{ByteOwner, Bytes, DType, Tensor};
+use kernels::{Bytes, DType, Tensor};
+
+use super::pages::Pages;
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, SafeTensorError, TensorInfo as StInfo};
 use safetensors::SafeTensors;
 use serde_json::Value;
-
-/// A memory-mapped file as the owner of tensor bytes, so tensors view the page cache directly.
-struct MappedFile(Mmap);
-
-impl ByteOwner for MappedFile {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
 
 /// Where one tensor lives inside its file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,8 +39,13 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Maps `path` (a regular file) and parses its header.
+    /// Maps `path` (a regular file) and parses its header; tensors view the map.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
+        SafetensorsFile::open_with(path, Pages::Mapped)
+    }
+
+    /// [`SafetensorsFile::open`], the bytes kept as `pages` asks.
+    pub fn open_with(path: &Path, pages: Pages) -> Result<SafetensorsFile> {
         let file = crate::files::open_regular(path)?;
         let size = file
             .metadata()
@@ -62,7 +59,7 @@ impl SafetensorsFile {
             // what any loader can defend against (the same holds for mlx and candle).
             let map = unsafe { Mmap::map(&file) }
                 .with_context(|| format!("{}: cannot memory-map", path.display()))?;
-            Bytes::new(Arc::new(MappedFile(map)))
+            super::pages::place(map, pages)
         };
         SafetensorsFile::parse(path, bytes)
     }

@@ -44,8 +44,6 @@ pub unsafe fn rows(
     debug_assert!(m <= DECODE_MAX_M);
     let blocks = k / 2 / LANES;
     for r in r0..r1 {
-        #[cfg(target_arch = "x86_64")]
-        super::prefetch_l2(w, 2 * r * k + super::PREFETCH_BYTES, 2 * k);
         let row = &w[r * k..(r + 1) * k];
         let mut lanes = [[0.0f32; LANES]; DECODE_MAX_M];
         let lanes = &mut lanes[..m];

@@ -76,7 +76,6 @@ unsafe fn rows_avx512<const M: usize>(
 ) {
     let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     for r in r0..r1 {
-        crate::cpu::prefetch_l2(w, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
         let row = &w[r * k..(r + 1) * k];
         let mut acc = [[_mm512_setzero_ps(); 2]; M];
         for c in (0..k / LANES * LANES).step_by(LANES) {
@@ -117,7 +116,6 @@ unsafe fn rows_avx2<const M: usize>(
 ) {
     let widen = |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     for r in r0..r1 {
-        crate::cpu::prefetch_l2(w, 2 * r * k + crate::cpu::PREFETCH_BYTES, 2 * k);
         let row = &w[r * k..(r + 1) * k];
         let mut acc = [[_mm256_setzero_ps(); 4]; M];
         for c in (0..k / LANES * LANES).step_by(LANES) {

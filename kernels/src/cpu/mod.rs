@@ -45,10 +45,13 @@ pub mod unary;
 
 use rayon::prelude::*;
 
-/// How far ahead of the row being computed the decode matvecs ask for weight bytes. One
-/// row's load misses otherwise stall them: the hardware prefetcher alone left the 4-bit
-/// kernel at 13 GB/s per core and 24 GB/s on two (the LM head of Qwen3-0.6B, measured by
+/// How far ahead of the row being computed the 4-bit decode matvec asks for weight bytes. One
+/// row's load misses otherwise stall it: the hardware prefetcher alone left the 4-bit kernel
+/// at 13 GB/s per core and 24 GB/s on two (the LM head of Qwen3-0.6B, measured by
 /// `cargo bench -p kernels --bench matmul -- lm_head`); 16 KiB ahead into L2 gave 16 and 28.
+/// The bf16 matvecs stream twice the bytes per product and do not prefetch: with weights in
+/// huge pages (`engine::weights::pages`), 16 KiB ahead cost bench Qwen3 bf16 decode 12–20%
+/// on a Zen 2 (17.3 → 15.3 tok/s fast, 18.5 → 14.6 exact), and it was level on Zen 4 before.
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_BYTES: usize = 16 << 10;
 
