@@ -194,20 +194,33 @@ mod tests {
 
     #[test]
     fn caps_are_ordered_and_named() {
-        let all = Isa {
-            avx2: true,
-            avx512: true,
-            vnni: true,
-            bf16: true,
-            ..Isa::default()
-        };
         #[cfg(target_arch = "x86_64")]
         {
+            let all = Isa {
+                avx2: true,
+                avx512: true,
+                vnni: true,
+                bf16: true,
+                ..Isa::default()
+            };
             assert_eq!(all.name(), "avx512bf16");
             assert_eq!(all.capped(0), Isa::default());
             assert_eq!(all.capped(1).name(), "avx2");
             assert!(!all.capped(2).vnni && all.capped(2).avx512);
             assert_eq!(all.capped(3).name(), "avx512vnni");
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            let all = Isa {
+                neon: true,
+                dotprod: true,
+                i8mm: true,
+                ..Isa::default()
+            };
+            assert_eq!(all.name(), "i8mm");
+            assert_eq!(all.capped(0), Isa::default());
+            assert_eq!(all.capped(1).name(), "neon");
+            assert!(!all.capped(1).dotprod && all.capped(2).dotprod && !all.capped(2).i8mm);
         }
         assert!(parse_level("AVX9000")
             .unwrap_err()

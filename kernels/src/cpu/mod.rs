@@ -17,6 +17,8 @@ macro_rules! by_rows {
     };
 }
 
+#[cfg(target_arch = "aarch64")]
+mod arm_dot;
 pub mod attention;
 mod attention_decode;
 pub(crate) mod bgemm_bf16;

@@ -5,7 +5,7 @@
 //! Per output `(i, j)`: `A = Σ_g (Σ q·xq as i32) as f32 · (s_jg · sx_ig)` and
 //! `B = Σ_g b_jg · Σx_ig`, each summed group after group, and `out = A + B`. The integer sums
 //! are exact in any order; every ISA then runs those float operations in that order, so VNNI,
-//! AVX2 and portable code give the same bits. (Decode-shaped calls sum the groups in 8 lanes
+//! AVX2, NEON (with or without dotprod) and portable code give the same bits. (Decode-shaped calls sum the groups in 8 lanes
 //! instead, so a row may differ in the last bits between the two, as on the exact path.)
 //!
 //! Weights are repacked per tile of [`NR`] rows so that one vector holds the same four codes
@@ -98,7 +98,22 @@ pub unsafe fn tile_product(
             i += 1;
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    if isa.neon {
+        while i < m {
+            // SAFETY: NEON (and dotprod when asked) is present; forwarded.
+            unsafe {
+                if isa.dotprod {
+                    arm::row_dotprod(t, q, i, &mut a);
+                } else {
+                    arm::row_neon(t, q, i, &mut a);
+                }
+                finish(t, q, i, &a, cols, out, ldo);
+            }
+            i += 1;
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = isa;
     while i < m {
         a.fill(0.0);
@@ -211,6 +226,67 @@ mod avx2 {
         for (h, f) in fa.iter().enumerate() {
             // SAFETY: `a` holds NR = 32 floats.
             unsafe { _mm256_storeu_ps(a.as_mut_ptr().add(8 * h), *f) };
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    //! One input row at a time, the tile's 32 rows in 8 vectors of 4: per activation word
+    //! (broadcast), `sdot` where the CPU has dotprod, else widening multiplies; then the float
+    //! step in vectors, in the portable order (`isum as f32 · (s · sx)`, then the add).
+    use std::arch::aarch64::*;
+
+    use super::{Q8Input, Tile, NR, WORDS};
+    use crate::cpu::arm_dot::dot4;
+
+    /// # Safety
+    /// The CPU has dotprod.
+    #[target_feature(enable = "neon,dotprod")]
+    pub unsafe fn row_dotprod(t: &Tile, q: &Q8Input, i: usize, a: &mut [f32; NR]) {
+        // SAFETY: forwarded.
+        unsafe { row::<true>(t, q, i, a) }
+    }
+
+    #[target_feature(enable = "neon")]
+    pub fn row_neon(t: &Tile, q: &Q8Input, i: usize, a: &mut [f32; NR]) {
+        // SAFETY: DOT is false.
+        unsafe { row::<false>(t, q, i, a) }
+    }
+
+    #[inline(always)]
+    unsafe fn row<const DOT: bool>(t: &Tile, q: &Q8Input, i: usize, a: &mut [f32; NR]) {
+        // SAFETY (whole body): the tile holds `groups × WORDS × 2 × NR × 4` code bytes and
+        // `groups × NR` scales; each activation half holds WORDS words; dotprod as forwarded.
+        unsafe {
+            let mut fa = [vdupq_n_f32(0.0); NR / 4];
+            for g in 0..t.groups {
+                let (xe, xo) = q.codes(i, g);
+                let mut acc = [vdupq_n_s32(0); NR / 4];
+                for w in 0..WORDS {
+                    let word = |x: &[i8]| {
+                        vreinterpretq_s8_s32(vdupq_n_s32(
+                            x.as_ptr().add(4 * w).cast::<i32>().read_unaligned(),
+                        ))
+                    };
+                    for (half, b) in [(0, word(xe)), (1, word(xo))] {
+                        let at = ((g * WORDS + w) * 2 + half) * NR * 4;
+                        for (h, acc) in acc.iter_mut().enumerate() {
+                            let wv =
+                                vreinterpretq_s8_u8(vld1q_u8(t.codes.as_ptr().add(at + 16 * h)));
+                            *acc = dot4::<DOT>(*acc, wv, b);
+                        }
+                    }
+                }
+                let sx = vdupq_n_f32(q.sx(i, g));
+                for (h, f) in fa.iter_mut().enumerate() {
+                    let sw = vld1q_f32(t.scales.as_ptr().add(g * NR + 4 * h));
+                    *f = vaddq_f32(*f, vmulq_f32(vcvtq_f32_s32(acc[h]), vmulq_f32(sw, sx)));
+                }
+            }
+            for (h, f) in fa.iter().enumerate() {
+                vst1q_f32(a.as_mut_ptr().add(4 * h), *f);
+            }
         }
     }
 }

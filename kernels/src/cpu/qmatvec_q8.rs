@@ -10,7 +10,8 @@
 //! terms accumulate into 8 lanes per input row, lane `l` of each block of 8 groups taking
 //! group [`PERM`]`[l]` (the order the VNNI reduction yields them in), and so do the bias terms,
 //! in 8 lanes of their own; each set of lanes is summed in a fixed tree. Every ISA runs exactly
-//! those float operations, so VNNI, AVX2 and portable code agree bit for bit.
+//! those float operations, so VNNI, AVX2, NEON (with or without dotprod) and portable code
+//! agree bit for bit.
 //!
 //! Codes: byte `c` of a group's 32 packed bytes holds element `2c` (low nibble) and `2c + 1`
 //! (high nibble), so the activations are stored split into even and odd elements, and a byte
@@ -158,6 +159,17 @@ pub unsafe fn rows(
         // SAFETY: AVX2, FMA and F16C are present; forwarded.
         return unsafe { avx2::rows(w, r0, r1, q, n, dst) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa.neon {
+        // SAFETY: NEON (and dotprod when asked) is present; forwarded.
+        return unsafe {
+            if isa.dotprod {
+                arm::rows_dotprod(w, r0, r1, q, n, dst)
+            } else {
+                arm::rows_neon(w, r0, r1, q, n, dst)
+            }
+        };
+    }
     let mut out = [0.0f32; DECODE_MAX_M];
     for r in r0..r1 {
         w.prefetch_ahead(r, q.groups * GROUP);
@@ -276,29 +288,40 @@ fn row_dot(w: &Affine4, r: usize, q: &Q8Input, isa: Isa, out: &mut [f32; DECODE_
         let _ = isa;
         0
     };
+    groups_from(w, r, q, done, &mut lanes, &mut biases, |i, g| {
+        group_isum(w, r, q, i, g)
+    });
+    for (o, (lane, bias)) in out[..q.m].iter_mut().zip(lanes.iter().zip(&biases)) {
+        *o = super::tree_sum(*lane) + super::tree_sum(*bias);
+    }
+}
+
+/// The float steps of groups `from..` of weight row `r`, every input row, in the lane order
+/// every ISA shares (block by block of 8, lane `l` taking group [`PERM`]`[l]`); `isum(i, g)`
+/// is the integer sum of group `g` for input row `i`, however the caller computes it.
+#[inline(always)]
+fn groups_from(
+    w: &Affine4,
+    r: usize,
+    q: &Q8Input,
+    from: usize,
+    lanes: &mut [[f32; 8]; DECODE_MAX_M],
+    biases: &mut [[f32; 8]; DECODE_MAX_M],
+    isum: impl Fn(usize, usize) -> i32,
+) {
     let g0 = r * q.groups;
-    for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(&mut biases).enumerate() {
-        let mut blk = done;
+    for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(biases).enumerate() {
+        let mut blk = from;
         while blk < q.groups {
             for (l, &p) in PERM.iter().enumerate() {
                 let g = blk + p;
                 if g < q.groups {
                     let x = i * q.groups + g;
-                    add_term(
-                        lane,
-                        bias,
-                        l,
-                        group_isum(w, r, q, i, g),
-                        w,
-                        g0 + g,
-                        q.sx[x],
-                        q.xsum[x],
-                    );
+                    add_term(lane, bias, l, isum(i, g), w, g0 + g, q.sx[x], q.xsum[x]);
                 }
             }
             blk += 8;
         }
-        out[i] = super::tree_sum(*lane) + super::tree_sum(*bias);
     }
 }
 
@@ -331,6 +354,94 @@ fn group_isum(w: &Affine4, r: usize, q: &Q8Input, i: usize, g: usize) -> i32 {
         s += (byte & 0xF) as i32 * xe[c] as i32 + (byte >> 4) as i32 * xo[c] as i32;
     }
     s
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    //! Group sums with NEON (`sdot` where the CPU has dotprod, else widening multiplies), the
+    //! float step in scalar code shared with the portable path ([`super::groups_from`]), so
+    //! the bits are the portable path's.
+    use std::arch::aarch64::*;
+
+    use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB};
+    use crate::cpu::arm_dot::dot4;
+
+    /// # Safety
+    /// The CPU has dotprod; `dst` as in [`super::rows`].
+    #[target_feature(enable = "neon,dotprod")]
+    pub unsafe fn rows_dotprod(
+        w: &Affine4,
+        r0: usize,
+        r1: usize,
+        q: &Q8Input,
+        n: usize,
+        dst: OutPtr,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { rows_with::<true>(w, r0, r1, q, n, dst) }
+    }
+
+    /// # Safety
+    /// `dst` as in [`super::rows`].
+    #[target_feature(enable = "neon")]
+    pub unsafe fn rows_neon(w: &Affine4, r0: usize, r1: usize, q: &Q8Input, n: usize, dst: OutPtr) {
+        // SAFETY: forwarded.
+        unsafe { rows_with::<false>(w, r0, r1, q, n, dst) }
+    }
+
+    #[inline(always)]
+    unsafe fn rows_with<const DOT: bool>(
+        w: &Affine4,
+        r0: usize,
+        r1: usize,
+        q: &Q8Input,
+        n: usize,
+        dst: OutPtr,
+    ) {
+        for r in r0..r1 {
+            let mut lanes = [[0.0f32; 8]; DECODE_MAX_M];
+            let mut biases = [[0.0f32; 8]; DECODE_MAX_M];
+            // SAFETY: dotprod is present when DOT (the callers' contract).
+            super::groups_from(w, r, q, 0, &mut lanes, &mut biases, |i, g| unsafe {
+                group_isum::<DOT>(w, r, q, i, g)
+            });
+            for (i, (lane, bias)) in lanes[..q.m].iter().zip(&biases).enumerate() {
+                let v = crate::cpu::tree_sum(*lane) + crate::cpu::tree_sum(*bias);
+                // SAFETY: (i, r) is inside the output and column r is ours.
+                unsafe { *dst.at(i * n + r) = v };
+            }
+        }
+    }
+
+    /// Σ q·xq over group `g` of weight row `r` and input row `i`: the 32 code bytes' low
+    /// nibbles against the even activations, high nibbles against the odd.
+    ///
+    /// # Safety
+    /// dotprod is present when `DOT`.
+    #[inline(always)]
+    unsafe fn group_isum<const DOT: bool>(
+        w: &Affine4,
+        r: usize,
+        q: &Q8Input,
+        i: usize,
+        g: usize,
+    ) -> i32 {
+        let codes = &w.packed[(r * q.groups + g) * (GB / 4)..][..GB / 4];
+        let (xe, xo) = q.codes(i, g);
+        // SAFETY: `codes` holds 32 bytes, `xe` and `xo` 32 each; dotprod as forwarded.
+        unsafe {
+            let low = vdupq_n_u8(0x0F);
+            let mut acc = vdupq_n_s32(0);
+            for h in 0..2 {
+                let wv = vld1q_u8(codes.as_ptr().cast::<u8>().add(16 * h));
+                let lo = vreinterpretq_s8_u8(vandq_u8(wv, low));
+                let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(wv));
+                acc = dot4::<DOT>(acc, lo, vld1q_s8(xe.as_ptr().add(16 * h)));
+                acc = dot4::<DOT>(acc, hi, vld1q_s8(xo.as_ptr().add(16 * h)));
+            }
+            vaddvq_s32(acc)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -179,12 +179,11 @@ mod avx2 {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
     /// The AVX2 row step must reproduce the portable one bit for bit, ragged ends included.
-    #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_step_matches_portable_bits() {
         if !std::is_x86_feature_detected!("avx2") {
