@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use kernels::{Bytes, DType, Tensor};
-
-use super::pages::Pages;
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, SafeTensorError, TensorInfo as StInfo};
 use safetensors::SafeTensors;
 use serde_json::Value;
+
+use super::pages::Pages;
 
 /// Where one tensor lives inside its file.
 #[derive(Debug, Clone, PartialEq, Eq)]

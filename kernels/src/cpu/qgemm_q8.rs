@@ -5,8 +5,9 @@
 //! Per output `(i, j)`: `A = Σ_g (Σ q·xq as i32) as f32 · (s_jg · sx_ig)` and
 //! `B = Σ_g b_jg · Σx_ig`, each summed group after group, and `out = A + B`. The integer sums
 //! are exact in any order; every ISA then runs those float operations in that order, so VNNI,
-//! AVX2, NEON (with or without dotprod) and portable code give the same bits. (Decode-shaped calls sum the groups in 8 lanes
-//! instead, so a row may differ in the last bits between the two, as on the exact path.)
+//! AVX2, NEON (with or without dotprod) and portable code give the same bits. (Decode-shaped
+//! calls sum the groups in 8 lanes instead, so a row may differ in the last bits between the
+//! two, as on the exact path.)
 //!
 //! Weights are repacked per tile of [`NR`] rows so that one vector holds the same four codes
 //! of 16 (AVX-512) or 8 (AVX2) rows: a packed word's low nibbles are the group's elements

@@ -170,11 +170,32 @@ pub unsafe fn rows(
             }
         };
     }
+    // SAFETY: forwarded.
+    unsafe {
+        each_row(r0, r1, q.m, n, dst, |r, out| {
+            w.prefetch_ahead(r, q.groups * GROUP);
+            row_dot(w, r, q, isa, out)
+        })
+    }
+}
+
+/// Output columns `r0..r1` of the `[m, n]` product at `dst`, column `r` from `row(r, out)`.
+///
+/// # Safety
+/// As [`rows`].
+#[inline(always)]
+unsafe fn each_row(
+    r0: usize,
+    r1: usize,
+    m: usize,
+    n: usize,
+    dst: OutPtr,
+    mut row: impl FnMut(usize, &mut [f32; DECODE_MAX_M]),
+) {
     let mut out = [0.0f32; DECODE_MAX_M];
     for r in r0..r1 {
-        w.prefetch_ahead(r, q.groups * GROUP);
-        row_dot(w, r, q, isa, &mut out);
-        for (i, &v) in out[..q.m].iter().enumerate() {
+        row(r, &mut out);
+        for (i, &v) in out[..m].iter().enumerate() {
             // SAFETY: (i, r) is inside the output and column r is ours.
             unsafe { *dst.at(i * n + r) = v };
         }
@@ -268,8 +289,9 @@ mod quantize_avx512 {
 /// `out[i] = x_i · w_r` for every input row of `q`.
 fn row_dot(w: &Affine4, r: usize, q: &Q8Input, isa: Isa, out: &mut [f32; DECODE_MAX_M]) {
     debug_assert_eq!(w.group, GROUP);
-    let mut lanes = [[0.0f32; 8]; DECODE_MAX_M];
-    let mut biases = [[0.0f32; 8]; DECODE_MAX_M];
+    // Filled by the vector blocks, which exist on x86-64 only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let (mut lanes, mut biases) = ([[0.0f32; 8]; DECODE_MAX_M], [[0.0f32; 8]; DECODE_MAX_M]);
     // Groups the vector code covered (whole blocks of 8); the scalar step finishes the rest.
     #[cfg(target_arch = "x86_64")]
     let done = if isa.vnni {
@@ -288,29 +310,37 @@ fn row_dot(w: &Affine4, r: usize, q: &Q8Input, isa: Isa, out: &mut [f32; DECODE_
         let _ = isa;
         0
     };
-    groups_from(w, r, q, done, &mut lanes, &mut biases, |i, g| {
-        group_isum(w, r, q, i, g)
-    });
-    for (o, (lane, bias)) in out[..q.m].iter_mut().zip(lanes.iter().zip(&biases)) {
-        *o = super::tree_sum(*lane) + super::tree_sum(*bias);
-    }
+    finish_row(
+        w,
+        r,
+        q,
+        done,
+        lanes,
+        biases,
+        |i, g| group_isum(w, r, q, i, g),
+        out,
+    )
 }
 
-/// The float steps of groups `from..` of weight row `r`, every input row, in the lane order
-/// every ISA shares (block by block of 8, lane `l` taking group [`PERM`]`[l]`); `isum(i, g)`
-/// is the integer sum of group `g` for input row `i`, however the caller computes it.
+/// `out[i]` for weight row `r` and every input row: the float steps of groups `from..` added
+/// to `lanes` and `biases` (which hold the groups before `from`), in the lane order every ISA
+/// shares (block by block of 8, lane `l` taking group [`PERM`]`[l]`), then both trees.
+/// `isum(i, g)` is the integer sum of group `g` for input row `i`, however the caller
+/// computes it.
 #[inline(always)]
-fn groups_from(
+#[allow(clippy::too_many_arguments)]
+fn finish_row(
     w: &Affine4,
     r: usize,
     q: &Q8Input,
     from: usize,
-    lanes: &mut [[f32; 8]; DECODE_MAX_M],
-    biases: &mut [[f32; 8]; DECODE_MAX_M],
+    mut lanes: [[f32; 8]; DECODE_MAX_M],
+    mut biases: [[f32; 8]; DECODE_MAX_M],
     isum: impl Fn(usize, usize) -> i32,
+    out: &mut [f32; DECODE_MAX_M],
 ) {
     let g0 = r * q.groups;
-    for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(biases).enumerate() {
+    for (i, (lane, bias)) in lanes[..q.m].iter_mut().zip(&mut biases).enumerate() {
         let mut blk = from;
         while blk < q.groups {
             for (l, &p) in PERM.iter().enumerate() {
@@ -322,6 +352,7 @@ fn groups_from(
             }
             blk += 8;
         }
+        out[i] = super::tree_sum(*lane) + super::tree_sum(*bias);
     }
 }
 
@@ -359,7 +390,7 @@ fn group_isum(w: &Affine4, r: usize, q: &Q8Input, i: usize, g: usize) -> i32 {
 #[cfg(target_arch = "aarch64")]
 mod arm {
     //! Group sums with NEON (`sdot` where the CPU has dotprod, else widening multiplies), the
-    //! float step in scalar code shared with the portable path ([`super::groups_from`]), so
+    //! float step in scalar code shared with the portable path ([`super::finish_row`]), so
     //! the bits are the portable path's.
     use std::arch::aarch64::*;
 
@@ -398,18 +429,13 @@ mod arm {
         n: usize,
         dst: OutPtr,
     ) {
-        for r in r0..r1 {
-            let mut lanes = [[0.0f32; 8]; DECODE_MAX_M];
-            let mut biases = [[0.0f32; 8]; DECODE_MAX_M];
-            // SAFETY: dotprod is present when DOT (the callers' contract).
-            super::groups_from(w, r, q, 0, &mut lanes, &mut biases, |i, g| unsafe {
-                group_isum::<DOT>(w, r, q, i, g)
-            });
-            for (i, (lane, bias)) in lanes[..q.m].iter().zip(&biases).enumerate() {
-                let v = crate::cpu::tree_sum(*lane) + crate::cpu::tree_sum(*bias);
-                // SAFETY: (i, r) is inside the output and column r is ours.
-                unsafe { *dst.at(i * n + r) = v };
-            }
+        let zero = [[0.0f32; 8]; DECODE_MAX_M];
+        // SAFETY: forwarded; dotprod is present when DOT (the callers' contract).
+        unsafe {
+            super::each_row(r0, r1, q.m, n, dst, |r, out| {
+                let isum = |i, g| group_isum::<DOT>(w, r, q, i, g);
+                super::finish_row(w, r, q, 0, zero, zero, isum, out)
+            })
         }
     }
 
