@@ -85,7 +85,7 @@ fn run(q: &Tensor, k: &Tensor, v: &Tensor, pages: Option<Pages>, p: &AttnParams)
             if t_len <= SMALL_T {
                 geom.task_small(isa, qs, keys, h, span(b))
             } else {
-                geom.task(qs, keys, h, span(b))
+                geom.task(isa, qs, keys, h, span(b))
             }
         })
         .collect();
@@ -185,7 +185,14 @@ impl Geometry {
     /// Scores and the accumulator are kept column-major (`[key][row]`, `[dim][row]`): that is
     /// the layout gemm's micro-kernels write without transposing, and it makes the softmax
     /// bookkeeping (masking, running max and sum, rescaling) run along contiguous rows.
-    fn task(&self, qs: &[f32], keys: Keys, h: usize, (t0, t1): (usize, usize)) -> Vec<f32> {
+    fn task(
+        &self,
+        isa: Isa,
+        qs: &[f32],
+        keys: Keys,
+        h: usize,
+        (t0, t1): (usize, usize),
+    ) -> Vec<f32> {
         let d = self.d;
         let m = (t1 - t0) * self.group;
         let qt = self.query_rows(qs, h, (t0, t1));
@@ -207,7 +214,7 @@ impl Geometry {
                 (ks, 1, d),
                 self.p.scale,
             );
-            soft.fold(self, s, j0, (t0, t1));
+            soft.fold(isa, self, s, j0, (t0, t1));
             for col in o.chunks_mut(m) {
                 col.iter_mut().zip(&soft.corr).for_each(|(x, &c)| *x *= c);
             }
@@ -250,12 +257,18 @@ impl Geometry {
             let nk = ((j0 / KEY_TILE + 1) * KEY_TILE).min(end) - j0;
             let (ks, vs) = keys.tile((j0, nk, d), &mut scratch);
             let s = &mut scores[..m * nk];
-            decode::scores(isa, &qt, m, ks, nk, d, self.p.scale, s);
-            soft.fold(self, s, j0, (t0, t1));
+            decode::scores(isa, &qt, m, (ks, vs), nk, d, self.p.scale, s);
+            soft.fold(isa, self, s, j0, (t0, t1));
             for (row, &c) in o.chunks_mut(d).zip(&soft.corr) {
                 row.iter_mut().for_each(|x| *x *= c);
             }
-            decode::accumulate(isa, s, m, vs, nk, d, &mut o);
+            // The next tile's keys, for the kernel to prefetch (a flat cache's only: a paged
+            // one gathers each tile when it gets there).
+            let next = match keys.pages {
+                None => &keys.ks[(j0 + nk) * d..end * d],
+                Some(_) => &[],
+            };
+            decode::accumulate(isa, s, m, vs, nk, d, &mut o, next);
             j0 += nk;
         }
         for (row, iv) in o.chunks_mut(d).zip(soft.inverse_sums()) {
@@ -290,7 +303,14 @@ impl Online {
     /// Masks (causal, window) and soft-caps the tile `s` (`[key][row]`, keys from `j0`) of a
     /// task over positions `t0..t1`, replaces each score by its exponential shifted by the
     /// new running max, and updates the running max and sum.
-    fn fold(&mut self, geom: &Geometry, s: &mut [f32], j0: usize, (t0, t1): (usize, usize)) {
+    fn fold(
+        &mut self,
+        isa: Isa,
+        geom: &Geometry,
+        s: &mut [f32],
+        j0: usize,
+        (t0, t1): (usize, usize),
+    ) {
         let m = self.run_max.len();
         let mut tile_max = std::mem::take(&mut self.shift);
         tile_max.fill(f32::NEG_INFINITY);
@@ -320,15 +340,21 @@ impl Online {
             self.corr[r] = exp_approx(self.run_max[r] - self.shift[r]);
             self.run_max[r] = new_max;
         }
-        self.tile_sum.fill(0.0);
+        // Shift, exponentiate, then sum per row in key order: three passes, so that the
+        // exponentials (independent, the bulk of the work) run as one flat loop the compiler
+        // vectorises, instead of one latency chain per score.
         for col in s.chunks_mut(m) {
             col.iter_mut()
                 .zip(&self.shift)
-                .zip(self.tile_sum.iter_mut())
-                .for_each(|((x, &sh), sum)| {
-                    *x = exp_approx(*x - sh);
-                    *sum += *x;
-                });
+                .for_each(|(x, &sh)| *x -= sh);
+        }
+        exp_in_place(isa, s);
+        self.tile_sum.fill(0.0);
+        for col in s.chunks(m) {
+            self.tile_sum
+                .iter_mut()
+                .zip(col)
+                .for_each(|(sum, &x)| *sum += x);
         }
         self.run_sum
             .iter_mut()
@@ -342,6 +368,22 @@ impl Online {
     fn inverse_sums(&self) -> Vec<f32> {
         self.run_sum.iter().map(|&l| 1.0 / l).collect()
     }
+}
+
+/// `x = exp_approx(x)` for every element: the same bits at every ISA level (the vector forms
+/// are the same source compiled for wider registers; the polynomial has no fused steps).
+fn exp_in_place(isa: Isa, s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2 {
+        #[target_feature(enable = "avx2")]
+        fn wide(s: &mut [f32]) {
+            s.iter_mut().for_each(|x| *x = exp_approx(*x));
+        }
+        // SAFETY: the CPU has AVX2.
+        return unsafe { wide(s) };
+    }
+    let _ = isa;
+    s.iter_mut().for_each(|x| *x = exp_approx(*x));
 }
 
 /// `dst = [dst +] beta · lhs · rhs` for an `m×n` destination; each matrix is given as

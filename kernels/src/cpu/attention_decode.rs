@@ -14,6 +14,11 @@
 //! compiled with the wider instructions enabled) and a row's result does not depend on which
 //! other rows share the call — decoding one token and verifying five drafted ones give the
 //! same bits for the same position.
+//!
+//! Keys are walked in blocks, every query row per block, so a block is read from memory once
+//! and found in L1 by the other rows; values likewise in chunks of [`KEY_CHUNK`] rows. The
+//! vector kernels prefetch the tile's values while they score its keys, and the next tile's
+//! keys while they accumulate, so memory keeps streaming through both products.
 
 use super::isa::Isa;
 
@@ -23,52 +28,77 @@ const LANES: usize = 16;
 const KEY_BLOCK: usize = 4;
 /// Output columns accumulated together per row.
 const DIM_BLOCK: usize = 64;
+/// How far ahead of the key being scored the vector kernels prefetch keys (32 KiB at D = 128;
+/// 16 measured the same).
+const PREFETCH_KEYS: usize = 64;
+/// Value rows accumulated per pass over the rows and column blocks: 32 rows of D = 128 are
+/// 16 KiB, so the first pass brings a chunk from memory and the others find it in L1 (a pass
+/// per row and block over the whole tile read it from L2, or memory, each time).
+const KEY_CHUNK: usize = 32;
 
 /// `s[c·m + r] = scale · q_r · k_c` for the `m` query rows `q` (`[m, d]`) and the `nk` keys
 /// `ks` (`[nk, d]`); `s` is `[nk, m]` (key-major, as the softmax walks it).
+///
+/// `vs` are the tile's values (`[nk, d]`), which [`accumulate`] reads next: the vector kernels
+/// prefetch them as they go, with the keys a few rows ahead, so memory streams while the
+/// products run rather than after them.
 #[allow(clippy::too_many_arguments)] // the ISA, two operands with their shapes, the scale and the output
 pub fn scores(
     isa: Isa,
     q: &[f32],
     m: usize,
-    ks: &[f32],
+    (ks, vs): (&[f32], &[f32]),
     nk: usize,
     d: usize,
     scale: f32,
     s: &mut [f32],
 ) {
-    assert!(q.len() >= m * d && ks.len() >= nk * d && s.len() >= nk * m);
+    assert!(q.len() >= m * d && ks.len() >= nk * d && vs.len() >= nk * d && s.len() >= nk * m);
     #[cfg(target_arch = "x86_64")]
     {
         if isa.avx512 {
             // SAFETY: AVX-512 F is present; sizes checked above.
-            return unsafe { x86::scores_avx512(q, m, ks, nk, d, scale, s) };
+            return unsafe { x86::scores_avx512(q, m, (ks, vs), nk, d, scale, s) };
         }
         if isa.avx2 {
             // SAFETY: AVX2 and FMA are present; sizes checked above.
-            return unsafe { x86::scores_avx2(q, m, ks, nk, d, scale, s) };
+            return unsafe { x86::scores_avx2(q, m, (ks, vs), nk, d, scale, s) };
         }
     }
-    let _ = isa;
+    let _ = (isa, vs);
     scores_generic(q, m, ks, nk, d, scale, s)
 }
 
 /// `o[r·d + j] += Σ_c s[c·m + r] · v[c·d + j]`, one fused multiply-add per key in key order,
 /// for the `m` rows of `o` (`[m, d]`) and the `nk` value rows `vs` (`[nk, d]`).
-pub fn accumulate(isa: Isa, s: &[f32], m: usize, vs: &[f32], nk: usize, d: usize, o: &mut [f32]) {
+///
+/// `next` are the keys the next call to [`scores`] will read (`[_, d]`, empty for the last
+/// tile): the vector kernels prefetch them, a row per value row, so memory stays busy while
+/// this product runs on values already in cache.
+#[allow(clippy::too_many_arguments)] // the ISA, two operands with their shapes, the output, the prefetch
+pub fn accumulate(
+    isa: Isa,
+    s: &[f32],
+    m: usize,
+    vs: &[f32],
+    nk: usize,
+    d: usize,
+    o: &mut [f32],
+    next: &[f32],
+) {
     assert!(s.len() >= nk * m && vs.len() >= nk * d && o.len() >= m * d);
     #[cfg(target_arch = "x86_64")]
     {
         if isa.avx512 {
             // SAFETY: AVX-512 F is present; sizes checked above.
-            return unsafe { x86::accumulate_avx512(s, m, vs, nk, d, o) };
+            return unsafe { x86::accumulate_avx512(s, m, vs, nk, d, o, next) };
         }
         if isa.avx2 {
             // SAFETY: AVX2 and FMA are present; sizes checked above.
-            return unsafe { x86::accumulate_avx2(s, m, vs, nk, d, o) };
+            return unsafe { x86::accumulate_avx2(s, m, vs, nk, d, o, next) };
         }
     }
-    let _ = isa;
+    let _ = (isa, next);
     accumulate_generic(s, m, vs, nk, d, o)
 }
 
@@ -97,52 +127,60 @@ fn dots<const KB: usize>(q: &[f32], keys: [&[f32]; KB], d: usize) -> [[f32; LANE
 #[inline(always)]
 fn scores_generic(q: &[f32], m: usize, ks: &[f32], nk: usize, d: usize, scale: f32, s: &mut [f32]) {
     let key = |c: usize| &ks[c * d..(c + 1) * d];
-    let whole = nk / KEY_BLOCK * KEY_BLOCK;
-    for r in 0..m {
-        let qr = &q[r * d..(r + 1) * d];
-        for c0 in (0..whole).step_by(KEY_BLOCK) {
-            let acc = dots::<KEY_BLOCK>(qr, std::array::from_fn(|b| key(c0 + b)), d);
-            for (b, a) in acc.into_iter().enumerate() {
-                s[(c0 + b) * m + r] = scale * super::tree_sum(a);
+    let mut c0 = 0;
+    while c0 < nk {
+        let kb = KEY_BLOCK.min(nk - c0);
+        for r in 0..m {
+            let qr = &q[r * d..(r + 1) * d];
+            if kb == KEY_BLOCK {
+                let acc = dots::<KEY_BLOCK>(qr, std::array::from_fn(|b| key(c0 + b)), d);
+                for (b, a) in acc.into_iter().enumerate() {
+                    s[(c0 + b) * m + r] = scale * super::tree_sum(a);
+                }
+            } else {
+                for c in c0..nk {
+                    let [a] = dots::<1>(qr, [key(c)], d);
+                    s[c * m + r] = scale * super::tree_sum(a);
+                }
             }
         }
-        for c in whole..nk {
-            let [a] = dots::<1>(qr, [key(c)], d);
-            s[c * m + r] = scale * super::tree_sum(a);
-        }
+        c0 += kb;
     }
 }
 
 #[inline(always)]
 fn accumulate_generic(s: &[f32], m: usize, vs: &[f32], nk: usize, d: usize, o: &mut [f32]) {
-    for r in 0..m {
-        let row = &mut o[r * d..(r + 1) * d];
-        let mut j0 = 0;
-        while j0 < d {
-            let w = DIM_BLOCK.min(d - j0);
-            if w == DIM_BLOCK {
-                let mut acc: [f32; DIM_BLOCK] =
-                    row[j0..j0 + DIM_BLOCK].try_into().expect("a block");
-                for c in 0..nk {
-                    let p = s[c * m + r];
-                    let v: &[f32; DIM_BLOCK] = vs[c * d + j0..c * d + j0 + DIM_BLOCK]
-                        .try_into()
-                        .expect("a block");
-                    for j in 0..DIM_BLOCK {
-                        acc[j] = p.mul_add(v[j], acc[j]);
+    for c0 in (0..nk).step_by(KEY_CHUNK) {
+        let c1 = (c0 + KEY_CHUNK).min(nk);
+        for r in 0..m {
+            let row = &mut o[r * d..(r + 1) * d];
+            for j0 in (0..d).step_by(DIM_BLOCK) {
+                let w = DIM_BLOCK.min(d - j0);
+                if w == DIM_BLOCK {
+                    // A whole block accumulates in a fixed-size array the compiler keeps in
+                    // registers.
+                    let mut acc: [f32; DIM_BLOCK] =
+                        row[j0..j0 + DIM_BLOCK].try_into().expect("a block");
+                    for c in c0..c1 {
+                        let p = s[c * m + r];
+                        let v: &[f32; DIM_BLOCK] = vs[c * d + j0..c * d + j0 + DIM_BLOCK]
+                            .try_into()
+                            .expect("a block");
+                        for j in 0..DIM_BLOCK {
+                            acc[j] = p.mul_add(v[j], acc[j]);
+                        }
                     }
-                }
-                row[j0..j0 + DIM_BLOCK].copy_from_slice(&acc);
-            } else {
-                let acc = &mut row[j0..j0 + w];
-                for c in 0..nk {
-                    let p = s[c * m + r];
-                    for (a, &v) in acc.iter_mut().zip(&vs[c * d + j0..c * d + j0 + w]) {
-                        *a = p.mul_add(v, *a);
+                    row[j0..j0 + DIM_BLOCK].copy_from_slice(&acc);
+                } else {
+                    let acc = &mut row[j0..j0 + w];
+                    for c in c0..c1 {
+                        let p = s[c * m + r];
+                        for (a, &v) in acc.iter_mut().zip(&vs[c * d + j0..c * d + j0 + w]) {
+                            *a = p.mul_add(v, *a);
+                        }
                     }
                 }
             }
-            j0 += w;
         }
     }
 }
@@ -154,7 +192,7 @@ mod x86 {
     //! leave the lanes past the end untouched.
     use std::arch::x86_64::*;
 
-    use super::{DIM_BLOCK, KEY_BLOCK, LANES};
+    use super::{DIM_BLOCK, KEY_BLOCK, KEY_CHUNK, LANES, PREFETCH_KEYS};
 
     /// `scale ·` the 16-lane tree sum of `(lo, hi)` = lanes 0-7 and 8-15.
     #[inline]
@@ -170,7 +208,7 @@ mod x86 {
     pub unsafe fn scores_avx512(
         q: &[f32],
         m: usize,
-        ks: &[f32],
+        (ks, vs): (&[f32], &[f32]),
         nk: usize,
         d: usize,
         scale: f32,
@@ -179,11 +217,13 @@ mod x86 {
         let whole = d / LANES * LANES;
         let tail: __mmask16 = ((1u32 << (d - whole)) - 1) as __mmask16;
         let (qp, kp) = (q.as_ptr(), ks.as_ptr());
-        for r in 0..m {
-            let qr = r * d;
-            let mut c = 0;
-            while c < nk {
-                let kb = KEY_BLOCK.min(nk - c);
+        let mut c = 0;
+        while c < nk {
+            let kb = KEY_BLOCK.min(nk - c);
+            prefetch_rows(&ks[..nk * d], c + PREFETCH_KEYS, c + PREFETCH_KEYS + kb, d);
+            prefetch_rows(&vs[..nk * d], c, c + kb, d);
+            for r in 0..m {
+                let qr = r * d;
                 let mut acc = [_mm512_setzero_ps(); KEY_BLOCK];
                 // SAFETY (all loads): rows r < m of q and c + b < nk of ks are whole rows of d
                 // (checked by the caller); masked loads read only the lanes below d.
@@ -207,8 +247,22 @@ mod x86 {
                     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
                     s[(c + b) * m + r] = tree(lo, hi, scale);
                 }
-                c += kb;
             }
+            c += kb;
+        }
+    }
+
+    /// Asks rows `from..to` of `rows` (`[_, d]`, clipped to its end) into L1.
+    #[inline(always)]
+    fn prefetch_rows(rows: &[f32], from: usize, to: usize, d: usize) {
+        let n = rows.len() / d.max(1);
+        let (from, to) = (from.min(n) * d * 4, to.min(n) * d * 4);
+        let p = rows.as_ptr().cast::<i8>();
+        let mut at = from & !63;
+        while at < to {
+            // SAFETY: `at < to ≤ rows.len()·4` bytes: inside the slice.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(at)) };
+            at += 64;
         }
     }
 
@@ -224,50 +278,78 @@ mod x86 {
     pub unsafe fn scores_avx2(
         q: &[f32],
         m: usize,
-        ks: &[f32],
+        (ks, vs): (&[f32], &[f32]),
         nk: usize,
         d: usize,
         scale: f32,
         s: &mut [f32],
     ) {
+        let mut c = 0;
+        while c < nk {
+            let kb = KEY_BLOCK.min(nk - c);
+            prefetch_rows(&ks[..nk * d], c + PREFETCH_KEYS, c + PREFETCH_KEYS + kb, d);
+            prefetch_rows(&vs[..nk * d], c, c + kb, d);
+            for r in 0..m {
+                let q = &q[r * d..(r + 1) * d];
+                // SAFETY: keys c..c + kb are whole rows of ks (checked by the caller).
+                unsafe {
+                    if kb == KEY_BLOCK {
+                        let acc = block_avx2::<KEY_BLOCK>(q, ks.as_ptr().add(c * d), d);
+                        for (b, a) in acc.iter().enumerate() {
+                            s[(c + b) * m + r] = tree(a[0], a[1], scale);
+                        }
+                    } else {
+                        for b in 0..kb {
+                            let [a] = block_avx2::<1>(q, ks.as_ptr().add((c + b) * d), d);
+                            s[(c + b) * m + r] = tree(a[0], a[1], scale);
+                        }
+                    }
+                }
+            }
+            c += kb;
+        }
+    }
+
+    /// The 16 lanes (as two vectors) of `KB` consecutive keys' dot products with `q` (`d`
+    /// floats); a constant `KB` keeps the accumulators in registers and the loop unbranched.
+    ///
+    /// # Safety
+    /// `keys` points at `KB` whole rows of `d` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_avx2<const KB: usize>(
+        q: &[f32],
+        keys: *const f32,
+        d: usize,
+    ) -> [[__m256; 2]; KB] {
         let whole = d / LANES * LANES;
         let rem = d - whole;
-        let (mlo, mhi) = (mask8(rem.min(8)), mask8(rem.saturating_sub(8)));
-        let (qp, kp) = (q.as_ptr(), ks.as_ptr());
-        for r in 0..m {
-            let qr = r * d;
-            let mut c = 0;
-            while c < nk {
-                let kb = KEY_BLOCK.min(nk - c);
-                let mut acc = [[_mm256_setzero_ps(); 2]; KEY_BLOCK];
-                // SAFETY (all loads): as in `scores_avx512`.
-                for j in (0..whole).step_by(LANES) {
-                    let q0 = unsafe { _mm256_loadu_ps(qp.add(qr + j)) };
-                    let q1 = unsafe { _mm256_loadu_ps(qp.add(qr + j + 8)) };
-                    for (b, a) in acc[..kb].iter_mut().enumerate() {
-                        let k = unsafe { kp.add((c + b) * d + j) };
-                        a[0] = _mm256_fmadd_ps(q0, unsafe { _mm256_loadu_ps(k) }, a[0]);
-                        a[1] = _mm256_fmadd_ps(q1, unsafe { _mm256_loadu_ps(k.add(8)) }, a[1]);
-                    }
-                }
-                if rem != 0 {
-                    let q0 = unsafe { _mm256_maskload_ps(qp.add(qr + whole), mlo) };
-                    let q1 = unsafe { _mm256_maskload_ps(qp.add(qr + whole + 8), mhi) };
-                    for (b, a) in acc[..kb].iter_mut().enumerate() {
-                        let k = unsafe { kp.add((c + b) * d + whole) };
-                        let f0 = _mm256_fmadd_ps(q0, unsafe { _mm256_maskload_ps(k, mlo) }, a[0]);
-                        let f1 =
-                            _mm256_fmadd_ps(q1, unsafe { _mm256_maskload_ps(k.add(8), mhi) }, a[1]);
-                        a[0] = _mm256_blendv_ps(a[0], f0, _mm256_castsi256_ps(mlo));
-                        a[1] = _mm256_blendv_ps(a[1], f1, _mm256_castsi256_ps(mhi));
-                    }
-                }
-                for (b, a) in acc[..kb].iter().enumerate() {
-                    s[(c + b) * m + r] = tree(a[0], a[1], scale);
-                }
-                c += kb;
+        let qp = q.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 2]; KB];
+        // SAFETY (all loads): q and the KB key rows hold d floats; masked loads read only the
+        // lanes below d.
+        for j in (0..whole).step_by(LANES) {
+            let q0 = unsafe { _mm256_loadu_ps(qp.add(j)) };
+            let q1 = unsafe { _mm256_loadu_ps(qp.add(j + 8)) };
+            for (b, a) in acc.iter_mut().enumerate() {
+                let k = unsafe { keys.add(b * d + j) };
+                a[0] = _mm256_fmadd_ps(q0, unsafe { _mm256_loadu_ps(k) }, a[0]);
+                a[1] = _mm256_fmadd_ps(q1, unsafe { _mm256_loadu_ps(k.add(8)) }, a[1]);
             }
         }
+        if rem != 0 {
+            let (mlo, mhi) = (mask8(rem.min(8)), mask8(rem.saturating_sub(8)));
+            let q0 = unsafe { _mm256_maskload_ps(qp.add(whole), mlo) };
+            let q1 = unsafe { _mm256_maskload_ps(qp.add(whole + 8), mhi) };
+            for (b, a) in acc.iter_mut().enumerate() {
+                let k = unsafe { keys.add(b * d + whole) };
+                let f0 = _mm256_fmadd_ps(q0, unsafe { _mm256_maskload_ps(k, mlo) }, a[0]);
+                let f1 = _mm256_fmadd_ps(q1, unsafe { _mm256_maskload_ps(k.add(8), mhi) }, a[1]);
+                a[0] = _mm256_blendv_ps(a[0], f0, _mm256_castsi256_ps(mlo));
+                a[1] = _mm256_blendv_ps(a[1], f1, _mm256_castsi256_ps(mhi));
+            }
+        }
+        acc
     }
 
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
@@ -278,38 +360,42 @@ mod x86 {
         nk: usize,
         d: usize,
         o: &mut [f32],
+        next: &[f32],
     ) {
         const V: usize = DIM_BLOCK / 16;
         let (vp, op) = (vs.as_ptr(), o.as_mut_ptr());
-        for r in 0..m {
-            let mut j0 = 0;
-            while j0 < d {
-                let w = DIM_BLOCK.min(d - j0);
-                // Lane masks of the block's 4 vectors (all set for a whole block).
-                let masks: [__mmask16; V] = std::array::from_fn(|i| {
-                    let n = w.saturating_sub(16 * i).min(16);
-                    ((1u32 << n) - 1) as __mmask16
-                });
-                // SAFETY (all accesses): row r < m of o and rows c < nk of vs hold d floats
-                // (checked by the caller); masked accesses touch only columns below d.
-                let at = unsafe { op.add(r * d + j0) };
-                let mut acc: [__m512; V] = std::array::from_fn(|i| unsafe {
-                    _mm512_maskz_loadu_ps(masks[i], at.add(16 * i))
-                });
-                for c in 0..nk {
-                    let p = _mm512_set1_ps(s[c * m + r]);
-                    let v = unsafe { vp.add(c * d + j0) };
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        if masks[i] != 0 {
-                            let x = unsafe { _mm512_maskz_loadu_ps(masks[i], v.add(16 * i)) };
-                            *a = _mm512_fmadd_ps(p, x, *a);
+        for c0 in (0..nk).step_by(KEY_CHUNK) {
+            let c1 = (c0 + KEY_CHUNK).min(nk);
+            prefetch_rows(next, c0, c1, d);
+            for r in 0..m {
+                for j0 in (0..d).step_by(DIM_BLOCK) {
+                    let w = DIM_BLOCK.min(d - j0);
+                    // Lane masks of the block's 4 vectors (all set for a whole block).
+                    let masks: [__mmask16; V] = std::array::from_fn(|i| {
+                        let n = w.saturating_sub(16 * i).min(16);
+                        ((1u32 << n) - 1) as __mmask16
+                    });
+                    // SAFETY (all accesses): row r < m of o and rows c < nk of vs hold d
+                    // floats (checked by the caller); masked accesses touch only columns
+                    // below d.
+                    let at = unsafe { op.add(r * d + j0) };
+                    let mut acc: [__m512; V] = std::array::from_fn(|i| unsafe {
+                        _mm512_maskz_loadu_ps(masks[i], at.add(16 * i))
+                    });
+                    for c in c0..c1 {
+                        let p = _mm512_set1_ps(s[c * m + r]);
+                        let v = unsafe { vp.add(c * d + j0) };
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            if masks[i] != 0 {
+                                let x = unsafe { _mm512_maskz_loadu_ps(masks[i], v.add(16 * i)) };
+                                *a = _mm512_fmadd_ps(p, x, *a);
+                            }
                         }
                     }
+                    for (i, a) in acc.iter().enumerate() {
+                        unsafe { _mm512_mask_storeu_ps(at.add(16 * i), masks[i], *a) };
+                    }
                 }
-                for (i, a) in acc.iter().enumerate() {
-                    unsafe { _mm512_mask_storeu_ps(at.add(16 * i), masks[i], *a) };
-                }
-                j0 += w;
             }
         }
     }
@@ -322,32 +408,48 @@ mod x86 {
         nk: usize,
         d: usize,
         o: &mut [f32],
+        next: &[f32],
     ) {
         const V: usize = DIM_BLOCK / 8;
         let (vp, op) = (vs.as_ptr(), o.as_mut_ptr());
-        for r in 0..m {
-            let mut j0 = 0;
-            while j0 < d {
-                let w = DIM_BLOCK.min(d - j0);
-                let masks: [__m256i; V] =
-                    std::array::from_fn(|i| mask8(w.saturating_sub(8 * i).min(8)));
-                let live = w.div_ceil(8);
-                // SAFETY (all accesses): as in `accumulate_avx512`.
-                let at = unsafe { op.add(r * d + j0) };
-                let mut acc: [__m256; V] =
-                    std::array::from_fn(|i| unsafe { _mm256_maskload_ps(at.add(8 * i), masks[i]) });
-                for c in 0..nk {
-                    let p = _mm256_set1_ps(s[c * m + r]);
-                    let v = unsafe { vp.add(c * d + j0) };
-                    for (i, a) in acc[..live].iter_mut().enumerate() {
-                        let x = unsafe { _mm256_maskload_ps(v.add(8 * i), masks[i]) };
-                        *a = _mm256_fmadd_ps(p, x, *a);
+        for c0 in (0..nk).step_by(KEY_CHUNK) {
+            let c1 = (c0 + KEY_CHUNK).min(nk);
+            prefetch_rows(next, c0, c1, d);
+            for r in 0..m {
+                for j0 in (0..d).step_by(DIM_BLOCK) {
+                    let w = DIM_BLOCK.min(d - j0);
+                    let masks: [__m256i; V] =
+                        std::array::from_fn(|i| mask8(w.saturating_sub(8 * i).min(8)));
+                    let live = w.div_ceil(8);
+                    // SAFETY (all accesses): as in `accumulate_avx512`.
+                    let at = unsafe { op.add(r * d + j0) };
+                    let mut acc: [__m256; V] = std::array::from_fn(|i| unsafe {
+                        _mm256_maskload_ps(at.add(8 * i), masks[i])
+                    });
+                    if w == DIM_BLOCK {
+                        // A whole block: plain loads (`vmaskmovps` is slower on some cores).
+                        for c in c0..c1 {
+                            let p = _mm256_set1_ps(s[c * m + r]);
+                            let v = unsafe { vp.add(c * d + j0) };
+                            for (i, a) in acc.iter_mut().enumerate() {
+                                let x = unsafe { _mm256_loadu_ps(v.add(8 * i)) };
+                                *a = _mm256_fmadd_ps(p, x, *a);
+                            }
+                        }
+                    } else {
+                        for c in c0..c1 {
+                            let p = _mm256_set1_ps(s[c * m + r]);
+                            let v = unsafe { vp.add(c * d + j0) };
+                            for (i, a) in acc[..live].iter_mut().enumerate() {
+                                let x = unsafe { _mm256_maskload_ps(v.add(8 * i), masks[i]) };
+                                *a = _mm256_fmadd_ps(p, x, *a);
+                            }
+                        }
+                    }
+                    for (i, a) in acc[..live].iter().enumerate() {
+                        unsafe { _mm256_maskstore_ps(at.add(8 * i), masks[i], *a) };
                     }
                 }
-                for (i, a) in acc[..live].iter().enumerate() {
-                    unsafe { _mm256_maskstore_ps(at.add(8 * i), masks[i], *a) };
-                }
-                j0 += w;
             }
         }
     }
