@@ -28,9 +28,6 @@ const LANES: usize = 16;
 const KEY_BLOCK: usize = 4;
 /// Output columns accumulated together per row.
 const DIM_BLOCK: usize = 64;
-/// How far ahead of the key being scored the vector kernels prefetch keys (32 KiB at D = 128;
-/// 16 measured the same).
-const PREFETCH_KEYS: usize = 64;
 /// Value rows accumulated per pass over the rows and column blocks: 32 rows of D = 128 are
 /// 16 KiB, so the first pass brings a chunk from memory and the others find it in L1 (a pass
 /// per row and block over the whole tile read it from L2, or memory, each time).
@@ -192,7 +189,11 @@ mod x86 {
     //! leave the lanes past the end untouched.
     use std::arch::x86_64::*;
 
-    use super::{DIM_BLOCK, KEY_BLOCK, KEY_CHUNK, LANES, PREFETCH_KEYS};
+    use super::{DIM_BLOCK, KEY_BLOCK, KEY_CHUNK, LANES};
+
+    /// How far ahead of the key being scored the kernels prefetch keys (32 KiB at D = 128; 16
+    /// measured the same).
+    const PREFETCH_KEYS: usize = 64;
 
     /// `scale ·` the 16-lane tree sum of `(lo, hi)` = lanes 0-7 and 8-15.
     #[inline]

@@ -100,6 +100,19 @@ pub unsafe fn tile_product(
         }
     }
     #[cfg(target_arch = "aarch64")]
+    if isa.i8mm {
+        let mut a2 = [[0.0f32; NR]; 2];
+        while i + 2 <= m {
+            // SAFETY: i8mm is present; rows i, i + 1 exist; forwarded.
+            unsafe {
+                arm::rows_i8mm(t, q, i, &mut a2);
+                finish(t, q, i, &a2[0], cols, out, ldo);
+                finish(t, q, i + 1, &a2[1], cols, out, ldo);
+            }
+            i += 2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
     if isa.neon {
         while i < m {
             // SAFETY: NEON (and dotprod when asked) is present; forwarded.
@@ -236,10 +249,68 @@ mod arm {
     //! One input row at a time, the tile's 32 rows in 8 vectors of 4: per activation word
     //! (broadcast), `sdot` where the CPU has dotprod, else widening multiplies; then the float
     //! step in vectors, in the portable order (`isum as f32 · (s · sx)`, then the add).
+    //!
+    //! With i8mm, two input rows at a time: `smmla` multiplies two 8-byte rows of activations
+    //! (a word of even and a word of odd codes each) by two of weights, so one instruction does
+    //! a 2 × 2 block 8 deep where `sdot` does 4 outputs 4 deep. A weight row's 8 bytes are its
+    //! low-nibble word and its high-nibble word, which the tile stores 4 rows apart in
+    //! consecutive halves; one `zip` of 32-bit lanes pairs them, so the tile needs no other
+    //! packing.
     use std::arch::aarch64::*;
 
     use super::{Q8Input, Tile, NR, WORDS};
-    use crate::cpu::arm_dot::dot4;
+    use crate::cpu::arm_dot::{dot4, smmla};
+
+    /// Input rows `i` and `i + 1` against the tile: `a[k][r]` as [`row`] gives it for row
+    /// `i + k`, the same bits (integer sums are exact; the float step is the same).
+    ///
+    /// # Safety
+    /// The CPU has i8mm; `q` has rows `i` and `i + 1`.
+    #[target_feature(enable = "neon,i8mm")]
+    pub unsafe fn rows_i8mm(t: &Tile, q: &Q8Input, i: usize, a: &mut [[f32; NR]; 2]) {
+        // SAFETY (whole body): as in `row`, for both input rows; i8mm as forwarded.
+        unsafe {
+            let mut fa = [[vdupq_n_f32(0.0); NR / 4]; 2];
+            for g in 0..t.groups {
+                let ((xe0, xo0), (xe1, xo1)) = (q.codes(i, g), q.codes(i + 1, g));
+                // Pair p holds [(i, 2p), (i, 2p + 1), (i + 1, 2p), (i + 1, 2p + 1)].
+                let mut acc = [vdupq_n_s32(0); NR / 2];
+                for w in 0..WORDS {
+                    let word = |x: &[i8]| x.as_ptr().add(4 * w).cast::<u32>().read_unaligned();
+                    let xs = [word(xe0), word(xo0), word(xe1), word(xo1)];
+                    let xv = vreinterpretq_s8_u32(vld1q_u32(xs.as_ptr()));
+                    let lo = (g * WORDS + w) * 2 * NR * 4;
+                    let hi = lo + NR * 4;
+                    for h in 0..NR / 4 {
+                        let l = vld1q_u32(t.codes.as_ptr().add(lo + 16 * h).cast());
+                        let u = vld1q_u32(t.codes.as_ptr().add(hi + 16 * h).cast());
+                        let rows01 = vreinterpretq_s8_u32(vzip1q_u32(l, u));
+                        let rows23 = vreinterpretq_s8_u32(vzip2q_u32(l, u));
+                        acc[2 * h] = smmla(acc[2 * h], xv, rows01);
+                        acc[2 * h + 1] = smmla(acc[2 * h + 1], xv, rows23);
+                    }
+                }
+                let sx = [vdupq_n_f32(q.sx(i, g)), vdupq_n_f32(q.sx(i + 1, g))];
+                for h in 0..NR / 4 {
+                    let (p, r) = (
+                        vreinterpretq_s64_s32(acc[2 * h]),
+                        vreinterpretq_s64_s32(acc[2 * h + 1]),
+                    );
+                    let isums = [vzip1q_s64(p, r), vzip2q_s64(p, r)];
+                    let sw = vld1q_f32(t.scales.as_ptr().add(g * NR + 4 * h));
+                    for k in 0..2 {
+                        let isum = vcvtq_f32_s32(vreinterpretq_s32_s64(isums[k]));
+                        fa[k][h] = vaddq_f32(fa[k][h], vmulq_f32(isum, vmulq_f32(sw, sx[k])));
+                    }
+                }
+            }
+            for (ak, fk) in a.iter_mut().zip(&fa) {
+                for (h, f) in fk.iter().enumerate() {
+                    vst1q_f32(ak.as_mut_ptr().add(4 * h), *f);
+                }
+            }
+        }
+    }
 
     /// # Safety
     /// The CPU has dotprod.
