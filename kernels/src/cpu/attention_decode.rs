@@ -413,22 +413,22 @@ mod x86 {
     ) {
         const V: usize = DIM_BLOCK / 8;
         let (vp, op) = (vs.as_ptr(), o.as_mut_ptr());
+        // Only the last column block can be partial: its lane masks, computed once.
+        let tail = d % DIM_BLOCK;
+        let masks: [__m256i; V] = std::array::from_fn(|i| mask8(tail.saturating_sub(8 * i).min(8)));
+        let live = tail.div_ceil(8);
         for c0 in (0..nk).step_by(KEY_CHUNK) {
             let c1 = (c0 + KEY_CHUNK).min(nk);
             prefetch_rows(next, c0, c1, d);
             for r in 0..m {
                 for j0 in (0..d).step_by(DIM_BLOCK) {
-                    let w = DIM_BLOCK.min(d - j0);
-                    let masks: [__m256i; V] =
-                        std::array::from_fn(|i| mask8(w.saturating_sub(8 * i).min(8)));
-                    let live = w.div_ceil(8);
-                    // SAFETY (all accesses): as in `accumulate_avx512`.
+                    // SAFETY (all accesses): as in `accumulate_avx512`; a whole block's 64
+                    // columns lie inside the row, a partial one's masks stop at d.
                     let at = unsafe { op.add(r * d + j0) };
-                    let mut acc: [__m256; V] = std::array::from_fn(|i| unsafe {
-                        _mm256_maskload_ps(at.add(8 * i), masks[i])
-                    });
-                    if w == DIM_BLOCK {
+                    if d - j0 >= DIM_BLOCK {
                         // A whole block: plain loads (`vmaskmovps` is slower on some cores).
+                        let mut acc: [__m256; V] =
+                            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(at.add(8 * i)) });
                         for c in c0..c1 {
                             let p = _mm256_set1_ps(s[c * m + r]);
                             let v = unsafe { vp.add(c * d + j0) };
@@ -437,7 +437,13 @@ mod x86 {
                                 *a = _mm256_fmadd_ps(p, x, *a);
                             }
                         }
+                        for (i, a) in acc.iter().enumerate() {
+                            unsafe { _mm256_storeu_ps(at.add(8 * i), *a) };
+                        }
                     } else {
+                        let mut acc: [__m256; V] = std::array::from_fn(|i| unsafe {
+                            _mm256_maskload_ps(at.add(8 * i), masks[i])
+                        });
                         for c in c0..c1 {
                             let p = _mm256_set1_ps(s[c * m + r]);
                             let v = unsafe { vp.add(c * d + j0) };
@@ -446,9 +452,9 @@ mod x86 {
                                 *a = _mm256_fmadd_ps(p, x, *a);
                             }
                         }
-                    }
-                    for (i, a) in acc[..live].iter().enumerate() {
-                        unsafe { _mm256_maskstore_ps(at.add(8 * i), masks[i], *a) };
+                        for (i, a) in acc[..live].iter().enumerate() {
+                            unsafe { _mm256_maskstore_ps(at.add(8 * i), masks[i], *a) };
+                        }
                     }
                 }
             }
