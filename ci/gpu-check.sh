@@ -6,13 +6,14 @@
 #   1. NVRTC and cuBLAS from NVIDIA's PyPI wheels, matching the driver (ci/cuda/setup.sh
 #      --runtime); no CUDA toolkit;
 #   2. cargo build --release --features cuda;
-#   3. op conformance on the GPU against the CPU reference (kernels/tests/cuda_conformance.rs;
-#      CUDA_CONFORMANCE_REQUIRED=1: a missing GPU or library fails instead of skipping);
+#   3. the CUDA tests with a GPU required (CUDA_CONFORMANCE_REQUIRED=1: a missing GPU or
+#      library fails instead of skipping): kernels' `cuda` binary (op conformance against the
+#      CPU reference, NVRTC compiles), and every test named for CUDA in the other targets
+#      (CPU-vs-CUDA parity on every family and format, goldens/cuda-<gpu>, which fail when this
+#      GPU model has none committed; GPU_CHECK_BLESS=1 blesses them first, to commit);
 #   4. harness parity --a backend=cpu --b backend=cuda on tiny Qwen3 and Qwen3.5 (both GDN
-#      paths): no early divergence;
-#   5. goldens/cuda-<gpu>: checked once CUDA goldens are committed (GPU_CHECK_BLESS=1 blesses
-#      this GPU model's folder instead, to commit);
-#   6. a per-step vs chunked TTFT sweep of the bench Qwen3.5 (bf16) on CUDA and its report.
+#      paths), kept as text;
+#   5. a per-step vs chunked TTFT sweep of the bench Qwen3.5 on CUDA and its report.
 # Results land in $GPU_CHECK_OUT (default <repo>/target/gpu-check), and also under $OUT when that
 # is set. Exits non-zero when any step fails.
 #
@@ -43,9 +44,18 @@ step "cargo build --release --features cuda"
 cargo build --release -p engine -p harness --features cuda
 H="$root/target/release/harness"
 
-step "op conformance on the GPU vs the CPU reference"
-CUDA_CONFORMANCE_REQUIRED=1 cargo test --release -p kernels --features cuda \
-    --test cuda_conformance --test cuda_nvrtc -- --nocapture 2>&1 | tee "$out/conformance.txt"
+if [ "${GPU_CHECK_BLESS:-}" = 1 ]; then
+    step "bless goldens/cuda-<gpu> (commit the folder)"
+    "$H" golden bless --backend cuda | tee "$out/goldens-bless.txt"
+fi
+
+step "the CUDA tests on the GPU (conformance, NVRTC, parity, goldens)"
+export CUDA_CONFORMANCE_REQUIRED=1 CUDA_NVRTC_REQUIRED=1
+{
+    cargo test --release --features cuda -p kernels --test cuda --lib -- --nocapture
+    cargo test --release --features cuda -p engine --lib --test engine -p harness --test harness \
+        -- cuda --nocapture
+} 2>&1 | tee "$out/tests.txt"
 
 step "parity CPU vs CUDA (tiny Qwen3, tiny Qwen3.5 per step and chunked)"
 "$H" parity --synth qwen3:tiny --a backend=cpu --b backend=cuda | tee "$out/parity.txt"
@@ -53,17 +63,6 @@ for gdn in perstep chunked; do
     "$H" parity --synth qwen3_5:tiny --a "backend=cpu+gdn=$gdn" --b "backend=cuda+gdn=$gdn" \
         | tee -a "$out/parity.txt"
 done
-
-step "goldens on CUDA"
-if [ "${GPU_CHECK_BLESS:-}" = 1 ]; then
-    "$H" golden bless --backend cuda | tee "$out/goldens.txt"
-elif compgen -G "goldens/cuda-*" >/dev/null; then
-    # Exits non-zero on any difference, and on a GPU model whose goldens are not committed yet.
-    "$H" golden check --backend cuda | tee "$out/goldens.txt"
-else
-    echo "no goldens/cuda-* committed yet: rerun with GPU_CHECK_BLESS=1 and commit the folder" \
-        | tee "$out/goldens.txt"
-fi
 
 step "TTFT sweep on CUDA: per-step vs chunked Gated DeltaNet, bench Qwen3.5 bf16"
 rm -f "$out/sweep.jsonl"
@@ -78,12 +77,11 @@ if [ "${GPU_CHECK_MLX:-}" = 1 ]; then
     step "MLX on MLX's CUDA build: build, then sweep backend=mlx beside backend=cuda"
     cmake_dir="$(MLX_VENV="$root/target/mlx-cuda-full-venv" MLX_WHEEL='mlx[cuda13]==0.32.2' \
         bash ci/mlx/setup.sh | tail -n 1)"
-    MLX_CMAKE_DIR="$cmake_dir" CARGO_TARGET_DIR="$root/target/mlx-cuda" \
-        cargo build --release -p harness --features cuda,mlx-cuda
-    "$root/target/mlx-cuda/release/harness" sweep --synth qwen3_5:bench:bf16 \
+    MLX_CMAKE_DIR="$cmake_dir" cargo build --release -p harness --features cuda,mlx-cuda
+    "$H" sweep --synth qwen3_5:bench:bf16 \
         --lengths 64,256,1024 --paths backend=cuda+gdn=chunked,backend=mlx+gdn=chunked \
         --repeats "$repeats" --out "$out/sweep-mlx.jsonl"
-    "$root/target/mlx-cuda/release/harness" report "$out/sweep-mlx.jsonl" \
+    "$H" report "$out/sweep-mlx.jsonl" \
         --baseline backend=mlx+gdn=chunked --compare backend=cuda+gdn=chunked \
         --out "$out/report-cuda-vs-mlx"
 fi

@@ -6,15 +6,19 @@
 #
 # Installs what it needs when missing: the Rust target (rustup), Debian's cross linker
 # (gcc-aarch64-linux-gnu with libc6-dev-arm64-cross) and qemu-user (apt-get, as root or through
-# sudo). Uses its own target dir (target/aarch64).
+# sudo). Shares the CPU suite's target dir (the aarch64 artifacts go to its
+# aarch64-unknown-linux-gnu/ folder) and its synthetic-checkpoint cache, which is the same on
+# every target.
 #
-# What runs (chosen for coverage per emulated second, see ci/README.md for the timings):
-#   kernels: ops (every op vs f64 references), matmul (dense/bf16/quantized vs references),
-#            quant (MLX quantization formats);
+# What runs (chosen for coverage per emulated second):
+#   kernels: ops (every op vs f64 references), matmul (dense/bf16/quantized vs references on
+#            every instruction-set level qemu reports), quant and mlx_quant (the quantization
+#            formats);
 #   engine:  loading (safetensors, configs, tokenizer), qwen3_5 (layers vs references,
 #            per-step vs chunked);
-#   harness: golden (the CPU goldens byte-identical on aarch64, tiny models, both families).
-# Environment: AARCH64_TESTS overrides the cargo test selection.
+#   harness: golden (the CPU goldens byte-identical on aarch64, tiny models, every family).
+# Environment: AARCH64_KERNELS, AARCH64_ENGINE, AARCH64_HARNESS override each crate's test
+# filters (space-separated libtest filters; empty skips the crate).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -34,19 +38,30 @@ if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || ! command -v qemu-aarch
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
 fi
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_AARCH64:-$root/target/aarch64}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-# The synthetic checkpoints are target-independent: share the host's cache.
-export HARNESS_CACHE="${HARNESS_CACHE:-$root/target/harness-cache}"
-read -r -a tests <<< "${AARCH64_TESTS:--p kernels --test ops --test matmul --test quant -p engine --test loading --test qwen3_5 -p harness --test golden}"
+export HARNESS_CACHE="${HARNESS_CACHE:-$CARGO_TARGET_DIR/harness-cache}"
+declare -A filters=(
+    [kernels]="${AARCH64_KERNELS-ops:: matmul:: quant::}"
+    [engine]="${AARCH64_ENGINE-loading:: qwen3_5::}"
+    [harness]="${AARCH64_HARNESS-golden::}"
+)
+selected=()
+for crate in kernels engine harness; do
+    if [ -n "${filters[$crate]}" ]; then selected+=(-p "$crate" --test "$crate"); fi
+done
 t1=$(date +%s)
 
 echo "== aarch64: build (cargo test --release --target $target --no-run)"
-cargo test --release --target "$target" "${tests[@]}" --no-run
+cargo test --release --target "$target" "${selected[@]}" --no-run
 t2=$(date +%s)
 
 echo "== aarch64: tests under qemu"
-cargo test --release --target "$target" "${tests[@]}"
+for crate in kernels engine harness; do
+    [ -n "${filters[$crate]}" ] || continue
+    read -r -a f <<< "${filters[$crate]}"
+    cargo test --release --target "$target" -p "$crate" --test "$crate" -- "${f[@]}"
+done
 t3=$(date +%s)
 echo "aarch64: tools $((t1 - start))s, build $((t2 - t1))s, tests under qemu $((t3 - t2))s"

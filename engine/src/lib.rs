@@ -3,6 +3,7 @@
 //! (`generate`), multi-turn reuse of that state (`session`). `Pipeline` ties a checkpoint folder
 //! together.
 
+pub mod alloc_budget;
 pub mod backend;
 pub mod cache;
 pub mod config;
@@ -18,3 +19,10 @@ pub mod weights;
 pub use backend::Backend;
 pub use pipeline::{Pipeline, RequestOptions};
 pub use session::{Session, Turn};
+
+/// Every program that links the engine counts bytes per budgeted thread (chat templates from
+/// checkpoint folders run under a memory budget, see [`alloc_budget`]). A program with an
+/// allocator of its own turns off the default feature `alloc-budget`.
+#[cfg(feature = "alloc-budget")]
+#[global_allocator]
+static GLOBAL: alloc_budget::BudgetAlloc = alloc_budget::BudgetAlloc;

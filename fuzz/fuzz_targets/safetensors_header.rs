@@ -7,8 +7,10 @@ use kernels::Bytes;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(f) = SafetensorsFile::parse(Path::new("fuzz.safetensors"), Bytes::from_vec(data.to_vec()))
-    else {
+    let Ok(f) = SafetensorsFile::parse(
+        Path::new("fuzz.safetensors"),
+        Bytes::from_vec(data.to_vec()),
+    ) else {
         return;
     };
     for name in f.tensors.keys() {

@@ -187,9 +187,7 @@ impl GatedDeltaNet {
             k,
         )?;
         let vec = |name: &str| -> Result<Tensor> {
-            Ok(store
-                .tensor_shaped(&format!("{prefix}.{name}"), &[cfg.v_heads])?
-                .to_f32()?)
+            store.f32_tensor(&format!("{prefix}.{name}"), &[cfg.v_heads])
         };
         Ok(GatedDeltaNet {
             cfg,

@@ -38,11 +38,7 @@ impl Linear {
     ) -> Result<Linear> {
         let mut l = Linear::load(store, quant, prefix, out, inp)?;
         if bias {
-            l.bias = Some(
-                store
-                    .tensor_shaped(&format!("{prefix}.bias"), &[out])?
-                    .to_f32()?,
-            );
+            l.bias = Some(store.f32_tensor(&format!("{prefix}.bias"), &[out])?);
         }
         Ok(l)
     }

@@ -84,9 +84,9 @@ impl StackedExperts {
             };
             (stack("w1", i, h)?, stack("w3", i, h)?, stack("w2", h, i)?)
         } else {
-            let both = store.tensor_shaped(&format!("{fused}.gate_up_proj"), &[e, 2 * i, h])?;
+            let both = store.float_tensor(&format!("{fused}.gate_up_proj"), &[e, 2 * i, h])?;
             let (gate, up) = split_halves(&both, e)?;
-            let down = store.tensor_shaped(&format!("{fused}.down_proj"), &[e, h, i])?;
+            let down = store.float_tensor(&format!("{fused}.down_proj"), &[e, h, i])?;
             (
                 Weight::Dense(gate),
                 Weight::Dense(up),
@@ -261,7 +261,7 @@ fn stack_experts(
     rows: usize,
     cols: usize,
 ) -> Result<Tensor> {
-    let first = store.tensor_shaped(&names[0], &[rows, cols])?;
+    let first = store.float_tensor(&names[0], &[rows, cols])?;
     let dtype = first.dtype();
     let mut bytes = Vec::with_capacity(names.len() * first.raw_bytes()?.len());
     for name in names {

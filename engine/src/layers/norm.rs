@@ -13,7 +13,7 @@ pub struct RmsNorm {
 impl RmsNorm {
     pub fn load(store: &WeightStore, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm {
-            weight: store.tensor_shaped(name, &[dim])?.to_f32()?,
+            weight: store.f32_tensor(name, &[dim])?,
             eps,
         })
     }
@@ -21,8 +21,7 @@ impl RmsNorm {
     /// Like `load`, for checkpoints that store the weight as an offset from 1 (`w − 1`).
     pub fn load_offset(store: &WeightStore, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
         let w: Vec<f32> = store
-            .tensor_shaped(name, &[dim])?
-            .to_vec_f32()?
+            .f32_values(name, &[dim])?
             .iter()
             .map(|v| v + 1.0)
             .collect();

@@ -28,7 +28,8 @@ pub fn depthwise_conv_weight(
             store.dir().display(),
         );
     }
-    Ok(conv.to_f32()?.reshape(&[channels, kernel])?)
+    let conv = store.f32_tensor(name, conv.shape())?;
+    Ok(conv.reshape(&[channels, kernel])?)
 }
 
 /// An optional 1-D bias, widened to f32 (present when config.json's `conv_bias` is true).
@@ -36,7 +37,7 @@ fn bias(store: &WeightStore, name: &str, n: usize, present: bool) -> Result<Opti
     if !present {
         return Ok(None);
     }
-    Ok(Some(store.tensor_shaped(name, &[n])?.to_f32()?))
+    Ok(Some(store.f32_tensor(name, &[n])?))
 }
 
 #[derive(Debug, Clone)]

@@ -125,13 +125,12 @@ impl MoeBranch {
         let scale_name = format!("{p}.router.scale");
         let gain = (hidden as f32).powf(-0.5);
         let scale: Vec<f32> = store
-            .tensor_shaped(&scale_name, &[hidden])?
-            .to_vec_f32()?
+            .f32_values(&scale_name, &[hidden])?
             .iter()
             .map(|v| v * gain)
             .collect();
         let pes_name = format!("{p}.router.per_expert_scale");
-        let per_expert_scale = store.tensor_shaped(&pes_name, &[experts])?.to_vec_f32()?;
+        let per_expert_scale = store.f32_values(&pes_name, &[experts])?;
         ensure!(
             per_expert_scale.iter().chain(&scale).all(|v| v.is_finite()),
             "{}: `{scale_name}` or `{pes_name}` holds a value that is not finite",
@@ -463,7 +462,7 @@ impl Gemma4 {
             };
             let scalar_name = format!("{p}.layer_scalar");
             let layer_scalar = if store.contains(&scalar_name) {
-                let v = store.tensor_shaped(&scalar_name, &[1])?.to_vec_f32()?[0];
+                let v = store.f32_values(&scalar_name, &[1])?[0];
                 ensure!(
                     v.is_finite(),
                     "{}: tensor `{scalar_name}` is not finite ({v})",

@@ -97,7 +97,7 @@ impl SigmoidMoe {
         let (e, i) = (m.experts, m.expert_width);
         let expert_bias = if m.expert_bias {
             let name = format!("{p}.expert_bias");
-            let b = store.tensor_shaped(&name, &[e])?.to_vec_f32()?;
+            let b = store.f32_values(&name, &[e])?;
             ensure!(
                 b.iter().all(|v| v.is_finite()),
                 "{}: `{name}` holds a value that is not finite",

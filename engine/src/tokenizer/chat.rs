@@ -3,12 +3,14 @@
 //! string/dict methods, `raise_exception`, `strftime_now`).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::alloc_budget::{self, Stopped};
 use crate::config::{read_json, short};
 
 /// One turn of a conversation.
@@ -36,6 +38,15 @@ const FUEL: u64 = 20_000_000;
 /// Rendered bytes allowed beyond the messages' own text (templates add a few hundred per turn).
 const RENDER_OVERHEAD: usize = 1 << 20;
 
+/// Bytes a render may allocate (net), beyond [`MEMORY_PER_TEXT_BYTE`] per byte of messages.
+/// Real templates (Qwen3's with tools, Gemma's) stay under a megabyte; a template that doubles a
+/// string in a loop reaches this within a few dozen steps and is stopped there.
+const MEMORY_OVERHEAD: usize = 64 << 20;
+
+/// Allocation allowed per byte of messages: the context's copy of them, the rendered output and
+/// the strings a template builds from them.
+const MEMORY_PER_TEXT_BYTE: usize = 16;
+
 /// Collects rendered output up to a limit, then refuses more (which stops the render).
 struct Capped {
     out: Vec<u8>,
@@ -58,7 +69,8 @@ impl std::io::Write for Capped {
 
 /// A compiled chat template; `origin` (file and field) names it in errors.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// Shared with the thread each render runs on (under a memory budget).
+    env: Arc<Environment<'static>>,
     origin: String,
 }
 
@@ -78,7 +90,10 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| anyhow!("{origin}: chat template does not parse: {}", describe(&e)))?;
-        Ok(ChatTemplate { env, origin })
+        Ok(ChatTemplate {
+            env: Arc::new(env),
+            origin,
+        })
     }
 
     pub fn render(
@@ -88,41 +103,63 @@ impl ChatTemplate {
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| anyhow!("{}: {}", self.origin, describe(&e)))?;
-        let ctx = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos_token.unwrap_or(""),
-            eos_token => eos_token.unwrap_or(""),
-            tools => minijinja::Value::from(()),
-        };
         let text_len: usize = messages
             .iter()
             .map(|m| m.content.len() + m.role.len())
             .sum();
-        let limit = RENDER_OVERHEAD + 2 * text_len;
-        let mut out = Capped {
-            out: Vec::new(),
-            limit,
+        let output_limit = RENDER_OVERHEAD + 2 * text_len;
+        let memory_limit = MEMORY_OVERHEAD + MEMORY_PER_TEXT_BYTE * text_len;
+        let env = Arc::clone(&self.env);
+        let origin = self.origin.clone();
+        let messages = messages.to_vec();
+        let (bos, eos) = (
+            bos_token.unwrap_or("").to_string(),
+            eos_token.unwrap_or("").to_string(),
+        );
+        let work = move || {
+            let tmpl = env
+                .get_template(TEMPLATE_NAME)
+                .map_err(|e| anyhow!("{origin}: {}", describe(&e)))?;
+            let ctx = minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => bos,
+                eos_token => eos,
+                tools => minijinja::Value::from(()),
+            };
+            let mut out = Capped {
+                out: Vec::new(),
+                limit: output_limit,
+            };
+            match tmpl.render_captured_to(ctx, &mut out) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WriteFailure => bail!(
+                    "{origin}: chat template rendered more than {output_limit} bytes for \
+                     {text_len} bytes of messages"
+                ),
+                Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+                    "{origin}: chat template ran out of its budget of {FUEL} instructions (does \
+                     it loop without end?)"
+                ),
+                Err(e) => bail!("{origin}: chat template failed: {}", describe(&e)),
+            }
+            String::from_utf8(out.out)
+                .map_err(|_| anyhow!("{origin}: chat template rendered invalid UTF-8"))
         };
-        match tmpl.render_captured_to(ctx, &mut out) {
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::WriteFailure => bail!(
-                "{}: chat template rendered more than {limit} bytes for {text_len} bytes of messages",
+        match alloc_budget::run_within(memory_limit, work) {
+            Ok(rendered) => rendered,
+            Err(Stopped::OverBudget) => bail!(
+                "{}: chat template needed more than its memory budget of {} MiB for {text_len} \
+                 bytes of messages (does it grow a string in a loop?)",
+                self.origin,
+                memory_limit >> 20
+            ),
+            Err(Stopped::Panicked) => bail!("{}: chat template rendering panicked", self.origin),
+            Err(Stopped::NoThread) => bail!(
+                "{}: no thread could be started to render the chat template",
                 self.origin
             ),
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
-                "{}: chat template ran out of its budget of {FUEL} instructions (does it loop \
-                 without end?)",
-                self.origin
-            ),
-            Err(e) => bail!("{}: chat template failed: {}", self.origin, describe(&e)),
         }
-        String::from_utf8(out.out)
-            .map_err(|_| anyhow!("{}: chat template rendered invalid UTF-8", self.origin))
     }
 }
 

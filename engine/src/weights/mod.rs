@@ -228,6 +228,33 @@ impl WeightStore {
         Ok(t)
     }
 
+    /// `name`, checked to have `shape` and a float dtype (F32, BF16, F16 or F64), as stored:
+    /// norms, biases, scales and dense weights. An integer tensor where a float one belongs is
+    /// refused naming the file and the tensor (not later, deep in a kernel, naming neither).
+    pub fn float_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.tensor_shaped(name, shape)?;
+        if !t.dtype().is_float() {
+            bail!(
+                "{}: tensor `{name}` is {:?}; it must be a float tensor (F32, BF16, F16 or F64)",
+                self.file_of(name).display(),
+                t.dtype()
+            );
+        }
+        Ok(t)
+    }
+
+    /// [`WeightStore::float_tensor`] widened to f32.
+    pub fn f32_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.float_tensor(name, shape)?;
+        t.to_f32()
+            .with_context(|| format!("{}: tensor `{name}`", self.file_of(name).display()))
+    }
+
+    /// [`WeightStore::f32_tensor`]'s values.
+    pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.f32_tensor(name, shape)?.to_vec_f32()?)
+    }
+
     /// The linear weight `prefix.weight` as a logical `[rows, cols]` matrix. A `prefix.scales`
     /// tensor beside it marks it quantized (as mlx-lm decides), read with `spec` and with
     /// `prefix.biases` for affine; without scales it must be a dense float matrix.

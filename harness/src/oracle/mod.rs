@@ -55,6 +55,10 @@ pub struct RefInfo {
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct RefCase {
+    /// The prompt's text, where the reference tokenized it itself (real checkpoints): the
+    /// engine's tokenizer (and chat template, for chat cases) must give `prompt_ids` from it.
+    #[serde(default)]
+    pub prompt: Option<String>,
     pub prompt_ids: Vec<u32>,
     #[serde(default)]
     pub chat_user_message: Option<String>,
@@ -250,9 +254,19 @@ pub fn check_reference(
 ) -> Result<Vec<CaseVerdict>> {
     let r = Reference::read(reference)?;
     let p = Pipeline::load_on(dir, backend)?;
+    check_cases(&p, &r, gdn, Numerics::Exact)
+}
+
+/// [`check_reference`] on a loaded pipeline, with the CPU kernels' `numerics`.
+pub fn check_cases(
+    p: &Pipeline,
+    r: &Reference,
+    gdn: Option<GdnPath>,
+    numerics: Numerics,
+) -> Result<Vec<CaseVerdict>> {
     r.cases
         .iter()
-        .map(|case| run_case(&p, case, gdn, Numerics::Exact))
+        .map(|case| run_case(p, case, gdn, numerics))
         .collect()
 }
 

@@ -27,6 +27,31 @@ pub const LEVELS: &[&str] = &["portable", "neon", "dotprod", "i8mm"];
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub const LEVELS: &[&str] = &["portable"];
 
+/// The levels of [`LEVELS`] this CPU reaches, lowest first. A cap above them changes nothing, so
+/// a test that walks these is all a machine can exercise: on an AVX2-only host the AVX-512
+/// kernels are not run, whatever the test's name says.
+pub fn levels_here() -> &'static [&'static str] {
+    let top = LEVELS
+        .iter()
+        .position(|&l| l == Isa::detected().name())
+        .unwrap_or(0);
+    &LEVELS[..=top]
+}
+
+/// One line for logs: the levels [`levels_here`] covers and those this CPU cannot run.
+pub fn coverage() -> String {
+    let here = levels_here();
+    let missing = &LEVELS[here.len()..];
+    let mut line = format!(
+        "instruction-set levels run on this CPU: {}",
+        here.join(", ")
+    );
+    if !missing.is_empty() {
+        line += &format!(" (not run here: {})", missing.join(", "));
+    }
+    line
+}
+
 /// The features kernels may use: what the CPU has, less what the cap removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Isa {

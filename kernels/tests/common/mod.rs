@@ -126,3 +126,17 @@ pub fn poison(w: &kernels::Weight, experts: usize, keep: &[usize]) -> kernels::W
         }
     }
 }
+
+/// The instruction-set levels a test that walks them can exercise on this CPU
+/// ([`kernels::cpu::isa::levels_here`]). The first call writes which levels those are to the
+/// log, past the test harness's output capture (it writes to the stderr handle itself), so a
+/// run on an AVX2-only host cannot be read as covering the AVX-512 kernels.
+pub fn isa_levels() -> &'static [&'static str] {
+    use std::io::Write;
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    NOTED.call_once(|| {
+        let line = kernels::cpu::isa::coverage();
+        let _ = writeln!(std::io::stderr(), "ISA tests: {line}");
+    });
+    kernels::cpu::isa::levels_here()
+}

@@ -338,23 +338,27 @@ fn mtp_sampling_matches_the_model_distribution() {
 
 /// On MLX (its CPU device here): the same equality, through MLX's ops.
 #[cfg(feature = "mlx")]
-#[test]
-fn mtp_equals_plain_decoding_on_mlx() {
-    engine::Backend::Mlx.activate().unwrap();
-    let dir = synth_cached(&SynthSpec::parse("qwen3_5:tiny:f32:hf").unwrap()).unwrap();
-    let p = Pipeline::load_on(&dir, engine::Backend::Mlx).unwrap();
-    let ids = prompt(&p, 70);
-    let plain = run(&p, &ids, GdnPath::Auto, None);
-    for depth in [1, 3] {
-        let out = run(
-            &p,
-            &ids,
-            GdnPath::Auto,
-            Some(MtpOptions {
-                depth,
-                forced: None,
-            }),
-        );
-        assert_eq!(out.tokens, plain.tokens, "--mtp {depth} on MLX");
+mod on_mlx {
+    use super::*;
+
+    #[test]
+    fn mtp_equals_plain_decoding() {
+        engine::Backend::Mlx.activate().unwrap();
+        let dir = synth_cached(&SynthSpec::parse("qwen3_5:tiny:f32:hf").unwrap()).unwrap();
+        let p = Pipeline::load_on(&dir, engine::Backend::Mlx).unwrap();
+        let ids = prompt(&p, 70);
+        let plain = run(&p, &ids, GdnPath::Auto, None);
+        for depth in [1, 3] {
+            let out = run(
+                &p,
+                &ids,
+                GdnPath::Auto,
+                Some(MtpOptions {
+                    depth,
+                    forced: None,
+                }),
+            );
+            assert_eq!(out.tokens, plain.tokens, "--mtp {depth} on MLX");
+        }
     }
 }

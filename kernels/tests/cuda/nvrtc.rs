@@ -4,7 +4,6 @@
 //!
 //! Without the library the test says so and passes, unless `CUDA_NVRTC_REQUIRED=1` (set by CI,
 //! where the library is always installed), which turns a missing library into a failure.
-#![cfg(feature = "cuda")]
 
 use kernels::cuda::sources::{self, SOURCES, TESTED_ARCHS};
 

@@ -2,9 +2,8 @@
 //! through `ops::*` once as host tensors and once as MLX tensors; the MLX results, copied back
 //! to the host, must match within NMSE = Σ(a−b)²/Σa² ≤ 1e-7 (elementwise, norms, rope) or
 //! ≤ 5e-4 (matmul), with no NaN and no one-sided inf.
-#![cfg(feature = "mlx")]
 
-mod common;
+use crate::common;
 use common::{formats, mlx, poison, values, weight_in};
 
 use half::bf16;

@@ -1,14 +1,14 @@
 //! End-to-end checks on a real checkpoint, run by the `model-e2e` CI workflow
-//! (`ci/github/model-e2e.yml`) once per family's smallest published folder. Every test is
+//! (`.github/workflows/model-e2e.yml`) once per checkpoint of `ci/real/hf-models.json` with a
+//! committed reference (`goldens/real/<key>.json`). Every test is
 //! `#[ignore]`d and reads the folder from `E2E_MODEL_DIR`; without it a test prints
 //! `E2E-SKIPPED: <test>: ...` and returns. That is loud on purpose: the CI leg runs them with
 //! `--ignored --nocapture` and fails when the marker appears, so a leg cannot pass by skipping.
 //! A check that does not apply to the folder's family (per step vs chunked on a model without
 //! Gated DeltaNet) passes and says why, without the marker.
 //!
-//! Environment: `E2E_MODEL_DIR` (the folder), `E2E_MODEL_KEY` (names its goldens; default: the
-//! folder's name), `E2E_GOLDEN_DIR` (default: `goldens/e2e` in the workspace), `E2E_BLESS=1`
-//! (rewrite the goldens).
+//! Environment: `E2E_MODEL_DIR` (the folder), `E2E_MODEL_KEY` (names its reference; default:
+//! the folder's name), `E2E_REFERENCE` (default: `goldens/real/<key>.json` in the workspace).
 //!
 //! Adding a check is one function: `#[test] #[ignore] fn x() { let Some(m) = model("x") else
 //! { return }; ... }`, comparing two ways of running with [`no_early_divergence`]. Paged ≡ flat
@@ -19,10 +19,11 @@ use std::sync::OnceLock;
 
 use engine::layers::GdnPath;
 use engine::{generate, Pipeline, RequestOptions};
+use harness::oracle::{check_cases, Reference, DEFAULT_LOGPROB_TOL};
 use harness::parity::classify;
-use serde_json::{json, Value};
+use kernels::cpu::numerics::Numerics;
 
-/// Generated tokens per prompt: past the early-divergence horizon (16).
+/// Generated tokens per prompt in the path comparisons: past the early-divergence horizon (16).
 const TOKENS: usize = 32;
 
 /// The loaded checkpoint, shared by the tests of one run.
@@ -72,22 +73,6 @@ fn greedy(p: &Pipeline, ids: &[u32], n: usize, tweak: impl Fn(&mut RequestOption
         .tokens
 }
 
-/// The prompts of the goldens: plain text, code, and a chat turn when the folder has a template.
-fn prompts(p: &Pipeline) -> Vec<(String, Vec<u32>)> {
-    let mut out: Vec<(String, Vec<u32>)> = [
-        "The capital of France is",
-        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    ]
-    .iter()
-    .map(|t| (t.to_string(), p.encode_prompt(t, false).unwrap()))
-    .collect();
-    if p.tokenizer.has_chat_template() {
-        let t = "Why is the sky blue? Answer in one sentence.";
-        out.push((format!("chat: {t}"), p.encode_prompt(t, true).unwrap()));
-    }
-    out
-}
-
 /// A prompt of about `n` tokens of ordinary prose (past the chunked-prefill threshold).
 fn long_prompt(p: &Pipeline, n: usize) -> Vec<u32> {
     let para = "The river bends around the old mill, where the miller keeps a ledger of every \
@@ -107,65 +92,68 @@ fn no_early_divergence(what: &str, a: &[u32], b: &[u32]) {
     assert!(!v.is_early(), "{what}: {v}\n a: {a:?}\n b: {b:?}");
 }
 
-fn golden_path(m: &Model, backend: &str) -> PathBuf {
-    let dir = std::env::var_os("E2E_GOLDEN_DIR")
+/// The committed reference of the folder: `E2E_REFERENCE`, else `goldens/real/<key>.json`.
+fn reference_path(m: &Model) -> PathBuf {
+    std::env::var_os("E2E_REFERENCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| harness::models::workspace_root().join("goldens/e2e"));
-    // Goldens are exact, so they belong to a backend and an instruction set (DESIGN §3).
-    dir.join(&m.key)
-        .join(format!("{backend}-{}.json", std::env::consts::ARCH))
+        .unwrap_or_else(|| {
+            harness::models::workspace_root()
+                .join("goldens/real")
+                .join(format!("{}.json", m.key))
+        })
 }
 
+/// The engine against the independent reference (transformers or mlx-lm in f32, made by
+/// ci/real/reference.py and committed): the same prompt ids from the prompt's text (tokenizer
+/// and chat template), then the oracle's walk of greedy tokens with top-1 log-probs within
+/// its tolerance. A missing reference is a failure: nothing else could be compared.
 #[test]
 #[ignore = "needs E2E_MODEL_DIR (a real checkpoint); run by the model-e2e workflow"]
-fn greedy_goldens() {
-    let Some(m) = model("greedy_goldens") else {
+fn references_match() {
+    let Some(m) = model("references_match") else {
         return;
     };
     let p = &m.pipeline;
-    let cases: Vec<Value> = prompts(p)
-        .into_iter()
-        .map(|(prompt, ids)| {
-            let tokens = greedy(p, &ids, TOKENS, |_| {});
-            let text = p.tokenizer.decode(&tokens, false).unwrap();
-            json!({"prompt": prompt, "prompt_ids": ids, "tokens": tokens, "text": text})
-        })
-        .collect();
-    let now = json!({"model": m.key, "max_tokens": TOKENS, "cases": cases});
-    let path = golden_path(m, "cpu");
-    let bless = std::env::var("E2E_BLESS").is_ok_and(|v| v == "1");
-    if bless || !path.exists() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, serde_json::to_string_pretty(&now).unwrap() + "\n").unwrap();
-        // Not a skip: the tokens were computed; the workflow uploads the file for committing.
-        println!(
-            "E2E-BLESSED: {} (commit it to check later runs)",
-            path.display()
-        );
-        return;
-    }
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for (w, g) in want["cases"].as_array().unwrap().iter().zip(&cases) {
-        assert_eq!(
-            w["prompt_ids"], g["prompt_ids"],
-            "{}: the tokenizer changed",
-            w["prompt"]
-        );
-        assert_eq!(
-            w["tokens"],
-            g["tokens"],
-            "{}: greedy tokens differ from {}\n want {}\n got  {}",
-            w["prompt"],
-            path.display(),
-            w["text"],
-            g["text"]
-        );
-    }
-    println!(
-        "greedy_goldens: {} prompts equal {}",
-        cases.len(),
-        path.display()
+    let path = reference_path(m);
+    assert!(
+        path.exists(),
+        "E2E-MISSING: no reference {} for {} (make it with ci/real/make_reference.sh and commit it)",
+        path.display(),
+        m.key
     );
+    let reference = Reference::read(&path).unwrap();
+    for case in &reference.cases {
+        if let Some(text) = &case.prompt {
+            let ids = p
+                .encode_prompt(text, case.chat_user_message.is_some())
+                .unwrap();
+            assert_eq!(
+                ids,
+                case.prompt_ids,
+                "{}: the tokenizer gives other ids than the reference's",
+                case.label()
+            );
+        }
+    }
+    let verdicts = check_cases(p, &reference, None, Numerics::Exact).unwrap();
+    let mut failed = Vec::new();
+    for (case, v) in reference.cases.iter().zip(&verdicts) {
+        println!(
+            "{}: {}/{} matched, max|Δ top-1 logprob| {:.1e}{}",
+            case.label(),
+            v.matched,
+            v.steps,
+            v.max_logprob_diff,
+            v.mismatch.as_ref().map_or(String::new(), |x| format!(
+                ", first mismatch at step {}",
+                x.step
+            ))
+        );
+        if !v.passes(DEFAULT_LOGPROB_TOL) {
+            failed.push(case.label());
+        }
+    }
+    assert!(failed.is_empty(), "cases off the reference: {failed:?}");
 }
 
 #[test]
@@ -216,9 +204,10 @@ fn cpu_matches_metal() {
     };
     let dir = PathBuf::from(std::env::var_os("E2E_MODEL_DIR").unwrap());
     let metal = Pipeline::load_on(&dir, engine::Backend::Metal).unwrap();
-    for (prompt, ids) in prompts(&m.pipeline) {
-        let cpu = greedy(&m.pipeline, &ids, TOKENS, |_| {});
-        let gpu = greedy(&metal, &ids, TOKENS, |_| {});
-        no_early_divergence(&format!("cpu vs metal: {prompt}"), &cpu, &gpu);
+    let reference = Reference::read(&reference_path(m)).unwrap();
+    for case in &reference.cases {
+        let cpu = greedy(&m.pipeline, &case.prompt_ids, TOKENS, |_| {});
+        let gpu = greedy(&metal, &case.prompt_ids, TOKENS, |_| {});
+        no_early_divergence(&format!("cpu vs metal: {}", case.label()), &cpu, &gpu);
     }
 }

@@ -1,9 +1,8 @@
 //! The MLX backend's native path (`numerics=fast` on MLX): weights kept in their stored dtype,
 //! activations in the weights' dtype, as mlx-lm runs. Checked against references computed
 //! here in f64 from the same rounded inputs, and against the exact (f32) path.
-#![cfg(feature = "mlx")]
 
-mod common;
+use crate::common;
 use common::{host_vec, mlx, values};
 
 use half::bf16;

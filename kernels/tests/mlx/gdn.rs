@@ -5,9 +5,8 @@
 //! boundaries (T = 1, 63, 64, 65, 130 at L = 64), GQA (Hv/Hk = 2), with and without a starting
 //! state, strong decay (g_log ≈ −300 and the gate floor, where e^g is exactly 0) and nearly
 //! parallel keys (large entries in `A`, where a repeated-squaring inverse breaks down).
-#![cfg(feature = "mlx")]
 
-mod common;
+use crate::common;
 use common::{host_vec, mlx, values};
 
 use kernels::ops::{self, GDN_CHUNK};

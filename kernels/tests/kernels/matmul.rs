@@ -475,7 +475,7 @@ fn every_instruction_set_gives_the_same_bits() {
             let x = Tensor::from_f32(&[m, k], random_x(m, k, 41 + m as u64)).unwrap();
             for n in [Numerics::Exact, Numerics::Fast] {
                 let native = bits_of(&matmul_at("native", n, &x, &w));
-                for &level in isa::LEVELS {
+                for &level in crate::common::isa_levels() {
                     // The exact 4-bit affine decode kernel for AVX2 and up rounds differently
                     // from the portable decode-then-dot (documented in qmatvec_avx2).
                     let fused_exact = match f {
@@ -609,7 +609,7 @@ fn fast_bf16_isa_case(k: usize) {
         let xv: Vec<f32> = (0..m * k).map(|_| g.unit() * mag(&mut g)).collect();
         let x = Tensor::from_f32(&[m, k], xv).unwrap();
         let native = bits_of(&matmul_at("native", Numerics::Fast, &x, &w));
-        for &level in isa::LEVELS {
+        for &level in crate::common::isa_levels() {
             let got = bits_of(&matmul_at(level, Numerics::Fast, &x, &w));
             assert_eq!(got, native, "k={k} m={m} at {level}");
         }
@@ -624,7 +624,7 @@ fn fast_bf16_decode_rows_are_independent() {
     let w = random_weight(Format::Dense(DType::BF16), n, k, 97);
     let xs = random_x(5, k, 98);
     let x5 = Tensor::from_f32(&[5, k], xs.clone()).unwrap();
-    for &level in isa::LEVELS {
+    for &level in crate::common::isa_levels() {
         let all = bits_of(&matmul_at(level, Numerics::Fast, &x5, &w));
         for i in 0..5 {
             let xi = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
@@ -683,7 +683,7 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
     for m in [1, 2, 5, 9] {
         let x = Tensor::from_f32(&[m, k], random_x(m, k, 70 + m as u64)).unwrap();
         for n in [Numerics::Exact, Numerics::Fast] {
-            for &level in isa::LEVELS {
+            for &level in crate::common::isa_levels() {
                 let many = isa::with_cap(level, || {
                     numerics::with(n, || ops::matmul_many(&x, &refs).unwrap())
                 })

@@ -9,9 +9,8 @@
 //! missing library) and checks that moving a tensor to the GPU fails with that reason instead
 //! of panicking. `CUDA_CONFORMANCE_REQUIRED=1` (set by `ci/gpu-check.sh`) makes a skip a
 //! failure.
-#![cfg(feature = "cuda")]
 
-mod common;
+use crate::common;
 use common::values;
 
 use half::{bf16, f16};

@@ -438,7 +438,7 @@ fn decode_attention_rows_are_independent_and_isa_invariant() {
             .unwrap()
         };
         let all = at("native", &q, t_len, &p);
-        for level in isa::LEVELS {
+        for level in crate::common::isa_levels() {
             assert!(
                 at(level, &q, t_len, &p) == all,
                 "{what}: ISA level {level} differs from native"

@@ -3,7 +3,7 @@
 //! (their weights poisoned with NaN leave the output bit-identical); same bits in pools of 1
 //! and 2 threads.
 
-mod common;
+use crate::common;
 
 use common::{formats, poison, values, weight_in};
 use kernels::ops::{self, MoeRoutes, Routing};

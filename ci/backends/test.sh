@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The optional backends' tests: what the `mlx` and `cuda` features add or change, in release
+# and in the CPU suite's target dir, so only the crates the features change are rebuilt.
+#
+#   Linux (default features mlx,cuda): MLX on its CPU device (op conformance, Gated DeltaNet,
+#   the native path, CPU-vs-MLX parity, goldens/mlx-cpu, the mlx-lm oracle on MLX, MTP on MLX)
+#   and the CUDA checks that need no GPU (every kernels/cuda/*.cu compiled by NVRTC for compute
+#   capability 8.0, 9.0 and 12.1 with warnings failing, launch geometry and cuBLAS mapping, the
+#   conformance table's CPU side, the no-GPU error paths; on a GPU machine the same targets run
+#   on the GPU, see ci/gpu-check.sh).
+#   macOS (default feature metal): the same MLX tests on the Metal GPU plus the Metal-only ones.
+#
+# What runs: the backend-only test binaries (kernels' `mlx` and `cuda`, built only with their
+# feature), and in the other targets the tests whose names say they use a backend (`mlx::`,
+# `cuda`, `metal`); the CPU tests ran in the README's test command and are not run again.
+#
+# Installs what it needs (ci/mlx/setup.sh: libclang, the MLX wheel and cmake, mlx-c's sources;
+# ci/cuda/setup.sh: NVRTC from PyPI). Environment: BACKEND_FEATURES (comma-separated; default
+# as above), CARGO_TARGET_DIR, and what the two setup scripts read.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+if [ "$(uname -s)" = Darwin ]; then
+    features="${BACKEND_FEATURES:-metal}"
+else
+    features="${BACKEND_FEATURES:-mlx,cuda}"
+fi
+has() { [[ ",$features," == *",$1,"* ]]; }
+start=$(date +%s)
+
+echo "== backends ($features): setup"
+if has mlx || has metal; then
+    MLX_CMAKE_DIR="$(bash ci/mlx/setup.sh | tail -n 1)"
+    export MLX_CMAKE_DIR
+    echo "MLX prefix: $MLX_CMAKE_DIR"
+fi
+own=()
+if has mlx || has metal; then own+=(--test mlx); fi
+if has cuda; then
+    nvrtc_dirs="$(bash ci/cuda/setup.sh | tail -n 1)"
+    export LD_LIBRARY_PATH="$nvrtc_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # CI always installs NVRTC: a missing library is a failure, not a skip.
+    export CUDA_NVRTC_REQUIRED=1
+    own+=(--test cuda)
+fi
+shared=(-p kernels -p engine -p harness --lib --test engine --test harness)
+t1=$(date +%s)
+
+echo "== backends: build"
+cargo test --release --features "$features" -p kernels "${own[@]}" "${shared[@]}" --no-run
+t2=$(date +%s)
+
+echo "== backends: the backend-only binaries (${own[*]})"
+cargo test --release --features "$features" -p kernels "${own[@]}"
+echo "== backends: the backend tests of the other targets"
+cargo test --release --features "$features" "${shared[@]}" -- mlx:: cuda metal
+t3=$(date +%s)
+echo "backends: setup $((t1 - start))s, build $((t2 - t1))s, tests $((t3 - t2))s"

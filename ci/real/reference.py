@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Greedy reference outputs of an independent implementation for a real checkpoint folder, in
+the format the engine's oracle reads (harness/src/oracle: `Reference`): Hugging Face
+transformers in float32 on the CPU (`--tool transformers`, the default), or for MLX-quantized
+folders, which transformers cannot load, mlx-lm in float32 on MLX's CPU device (`--tool mlx-lm`:
+the widening and dequantizing of harness/oracle/reference.py).
+
+For every prompt of ci/real/prompts.json: the prompt is tokenized by the folder's own tokenizer
+(`tokenizer(text)` with its special tokens, or for chat prompts the rendered chat template with
+the generation prompt, tokenized without adding special tokens, as transformers'
+apply_chat_template does), then the model runs greedy decoding with its KV cache for
+`max_tokens` steps, EOS not applied. Each step records the `top` best log-probs of the
+log-softmax of the float32 logits.
+
+Output JSON: {"model": KEY, "reference": {...tool versions, dtype, source}, "cases": [{"name",
+"prompt", "chat_user_message" (chat prompts), "prompt_ids", "tokens", "text",
+"top_logprobs": [[[id, logprob], ...best first], ...one list per step]}]}.
+
+Usage: reference.py --model DIR --key KEY --out FILE [--tool transformers|mlx-lm]
+                    [--prompts ci/real/prompts.json] [--source TEXT] [--revision SHA]
+                    [--thinking on|off]
+Runs where torch (or mlx-lm) is installed (ci/real/requirements.txt); CI only compares.
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def prompt_ids(tok, prompt, thinking):
+    if prompt.get("chat"):
+        kwargs = {}
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt["text"]}],
+            tokenize=False,
+            add_generation_prompt=True,
+            **kwargs,
+        )
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return tok(prompt["text"])["input_ids"]
+
+
+def transformers_runner(folder):
+    """Greedy decoding with transformers in float32, and what to record about it."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+
+    @torch.inference_mode()
+    def run(ids, steps, top):
+        return greedy_torch(torch, model, ids, steps, top)
+
+    return run, {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def mlx_lm_runner(folder):
+    """Greedy decoding with mlx-lm in float32 (the oracle's widening and dequantizing)."""
+    spec = importlib.util.spec_from_file_location("oracle_reference", ROOT / "harness/oracle/reference.py")
+    oracle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(oracle)
+    mx = oracle.mx
+    import mlx_lm
+
+    mx.set_default_device(mx.cpu)
+    with oracle.widening_f32_loads():
+        model, _ = mlx_lm.load(str(folder))
+    dequantized = oracle.dequantize_to_f32(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    info = {"mlx-lm": mlx_lm.__version__, "mlx": mx.__version__, "dequantized_layers": dequantized}
+    return (lambda ids, steps, top: oracle.greedy(model, ids, steps, top)), info
+
+
+def greedy_torch(torch, model, ids, steps, top):
+    tokens, tops = [], []
+    past = None
+    x = torch.tensor([ids], dtype=torch.long)
+    for _ in range(steps):
+        out = model(input_ids=x, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logprobs = torch.log_softmax(out.logits[0, -1].to(torch.float32), dim=-1)
+        values, idx = torch.topk(logprobs, top)
+        tops.append([[int(i), float(v)] for i, v in zip(idx, values)])
+        nxt = int(idx[0])
+        tokens.append(nxt)
+        x = torch.tensor([[nxt]], dtype=torch.long)
+    return tokens, tops
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--prompts", type=Path, default=Path(__file__).with_name("prompts.json"))
+    ap.add_argument("--tool", choices=["transformers", "mlx-lm"], default="transformers")
+    ap.add_argument("--source", default="", help="where the folder came from (recorded)")
+    ap.add_argument("--revision", default="", help="the repo commit the folder is (recorded)")
+    ap.add_argument("--thinking", choices=["on", "off"], help="enable_thinking for chat prompts")
+    args = ap.parse_args()
+
+    spec = json.loads(args.prompts.read_text())
+    thinking = None if args.thinking is None else args.thinking == "on"
+    tok = AutoTokenizer.from_pretrained(args.model)
+    runner = transformers_runner if args.tool == "transformers" else mlx_lm_runner
+    run, versions = runner(args.model)
+
+    cases = []
+    for p in spec["prompts"]:
+        ids = prompt_ids(tok, p, thinking)
+        tokens, tops = run(ids, spec["max_tokens"], spec["top"])
+        case = {
+            "name": p["name"],
+            "prompt": p["text"],
+            "prompt_ids": ids,
+            "tokens": tokens,
+            "text": tok.decode(tokens, skip_special_tokens=False),
+            "top_logprobs": tops,
+        }
+        if p.get("chat"):
+            case["chat_user_message"] = p["text"]
+        cases.append(case)
+        print(f"{args.key}/{p['name']}: {len(ids)} prompt tokens -> {case['text']!r}", file=sys.stderr)
+
+    out = {
+        "model": args.key,
+        "reference": {
+            "tool": args.tool,
+            **versions,
+            "dtype": "float32",
+            "source": args.source,
+            "revision": args.revision,
+            "thinking": args.thinking,
+            "script": "ci/real/reference.py",
+        },
+        "cases": cases,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
