@@ -47,21 +47,24 @@ declare -A filters=(
     [engine]="${AARCH64_ENGINE-loading:: qwen3_5::}"
     [harness]="${AARCH64_HARNESS-golden::}"
 )
+# One package selection for every cargo call: cargo resolves features per selection, so a
+# narrower one would rebuild dependencies with other features.
+pkgs=(-p kernels -p engine -p harness)
 selected=()
 for crate in kernels engine harness; do
-    if [ -n "${filters[$crate]}" ]; then selected+=(-p "$crate" --test "$crate"); fi
+    if [ -n "${filters[$crate]}" ]; then selected+=(--test "$crate"); fi
 done
 t1=$(date +%s)
 
 echo "== aarch64: build (cargo test --release --target $target --no-run)"
-cargo test --release --target "$target" "${selected[@]}" --no-run
+cargo test --release --target "$target" "${pkgs[@]}" "${selected[@]}" --no-run
 t2=$(date +%s)
 
 echo "== aarch64: tests under qemu"
 for crate in kernels engine harness; do
     [ -n "${filters[$crate]}" ] || continue
     read -r -a f <<< "${filters[$crate]}"
-    cargo test --release --target "$target" -p "$crate" --test "$crate" -- "${f[@]}"
+    cargo test --release --target "$target" "${pkgs[@]}" --test "$crate" -- "${f[@]}"
 done
 t3=$(date +%s)
 echo "aarch64: tools $((t1 - start))s, build $((t2 - t1))s, tests under qemu $((t3 - t2))s"

@@ -34,6 +34,9 @@ if has mlx || has metal; then
     export MLX_CMAKE_DIR
     echo "MLX prefix: $MLX_CMAKE_DIR"
 fi
+# One package selection for every cargo call below: cargo resolves features per selection, so
+# a narrower one would rebuild dependencies with other features.
+pkgs=(-p kernels -p engine -p harness)
 own=()
 if has mlx || has metal; then own+=(--test mlx); fi
 if has cuda; then
@@ -43,16 +46,16 @@ if has cuda; then
     export CUDA_NVRTC_REQUIRED=1
     own+=(--test cuda)
 fi
-shared=(-p kernels -p engine -p harness --lib --test engine --test harness)
+shared=(--lib --test engine --test harness)
 t1=$(date +%s)
 
 echo "== backends: build"
-cargo test --release --features "$features" -p kernels "${own[@]}" "${shared[@]}" --no-run
+cargo test --release --features "$features" "${pkgs[@]}" "${own[@]}" "${shared[@]}" --no-run
 t2=$(date +%s)
 
 echo "== backends: the backend-only binaries (${own[*]})"
-cargo test --release --features "$features" -p kernels "${own[@]}"
+cargo test --release --features "$features" "${pkgs[@]}" "${own[@]}"
 echo "== backends: the backend tests of the other targets"
-cargo test --release --features "$features" "${shared[@]}" -- mlx:: cuda metal
+cargo test --release --features "$features" "${pkgs[@]}" "${shared[@]}" -- mlx:: cuda metal
 t3=$(date +%s)
 echo "backends: setup $((t1 - start))s, build $((t2 - t1))s, tests $((t3 - t2))s"

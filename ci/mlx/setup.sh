@@ -16,7 +16,7 @@
 #               it. On NVIDIA Linux (DGX Spark): 'mlx[cuda13]==0.32.2', MLX's CUDA 13 build
 #               with its CUDA libraries from PyPI; build with `--features mlx-cuda`.
 #   MLX_NO_DEPS=1  install the wheel(s) without their dependencies: enough to compile and link
-#               against MLX, not to run it. ci/cuda/check.sh links the CUDA build this way
+#               against MLX, not to run it. ci/cuda/mlx_link.sh links the CUDA build this way
 #               (mlx==0.32.2 mlx-cuda-13==0.32.2, 90 MB instead of the ~2 GB of CUDA libraries
 #               that are of no use without a GPU).
 #   PYTHON      interpreter used to create the venv (default: python3)

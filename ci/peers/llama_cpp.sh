@@ -2,14 +2,15 @@
 # Fetch llama.cpp's source (vendored in the llama-cpp-python sdist on PyPI) and build
 # llama-bench + llama-quantize twice: native (-march=native) and capped to AVX2.
 #
-# Usage: bash ci/peers/llama_cpp.sh            (uses $PEERS_DIR, default /work/peers-work)
+# Usage: bash ci/peers/llama_cpp.sh            (uses $PEERS_DIR, default target/peers)
 # Idempotent: every step is skipped when its output exists. Prints nothing on success
 # except progress lines; the build logs go to $PEERS_DIR/logs/.
 #
 # Env: PEERS_DIR, LLAMA_CPP_PY_VERSION (default: newest on PyPI), PEERS_JOBS (default nproc).
 set -euo pipefail
 
-PEERS_DIR=${PEERS_DIR:-/work/peers-work}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$REPO/target/peers}
 JOBS=${PEERS_JOBS:-$(nproc)}
 VENV=$PEERS_DIR/venv
 mkdir -p "$PEERS_DIR"/{sdist,src,logs,build}

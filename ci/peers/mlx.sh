@@ -15,7 +15,7 @@
 # otherwise take minutes per prompt. bf16 and quantized products on MLX's CPU device do not go
 # through BLAS at all.
 #
-# Env: PEERS_DIR (/work/peers-work), PEERS_MODELS (qwen3 qwen3_5), PEERS_FORMATS (bf16 q4),
+# Env: PEERS_DIR (target/peers), PEERS_MODELS (qwen3 qwen3_5), PEERS_FORMATS (bf16 q4),
 # PEERS_MLX_LENGTHS (1,512; bf16), PEERS_MLX_QLENGTHS (1,128; quantized formats, whose products
 # on MLX's CPU device run single-threaded reference loops taking minutes per prompt), PEERS_GEN (16), PEERS_REPEATS (1), PEERS_SIZE (bench),
 # HARNESS_MLX (target/mlx/release/harness, built with --features mlx), PEERS_BLAS.
@@ -23,7 +23,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-export PEERS_DIR=${PEERS_DIR:-/work/peers-work}
+export PEERS_DIR=${PEERS_DIR:-$REPO/target/peers}
 OUT=${1:-$PEERS_DIR/mlx-$(date +%Y%m%d-%H%M)}
 REPEATS=${PEERS_REPEATS:-1}
 MODELS=${PEERS_MODELS:-"qwen3 qwen3_5"}

@@ -7,7 +7,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-export PEERS_DIR=${PEERS_DIR:-/work/peers-work}
+export PEERS_DIR=${PEERS_DIR:-$REPO/target/peers}
 OUT=${1:-$PEERS_DIR/out-$(date +%Y%m%d-%H%M)}
 REPEATS=${PEERS_REPEATS:-3}
 THREADS=${PEERS_THREADS:-2}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes MLX's own quantize/dequantize outputs for small matrices into kernels/tests/fixtures/quant/.
 
-kernels/tests/mlx_quant.rs reads them with no Python: our quantizer must reproduce MLX's packed
+kernels/tests/kernels/mlx_quant.rs reads them with no Python: our quantizer must reproduce MLX's packed
 words, scales and biases byte for byte, and our dequantisation must match mx.dequantize(...,
 dtype=float32) to within one f32 ulp.
 

@@ -129,7 +129,7 @@ impl RunArgs {
             "default"
         };
         // The quick job proves each stage runs end to end; every golden and oracle case runs in
-        // the test suite already (tests/golden.rs, tests/oracle_synth.rs), so here it checks
+        // the test suite already (tests/harness/golden.rs, tests/harness/oracle_synth.rs), so here it checks
         // one format of every family: the tiny q4 folders.
         let checks = |words: &[&'static str]| {
             let mut w = words.to_vec();

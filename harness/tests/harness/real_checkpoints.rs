@@ -53,7 +53,9 @@ fn loaded() -> Option<&'static Model> {
 fn model(test: &str) -> Option<&'static Model> {
     let m = loaded();
     if m.is_none() {
-        println!("E2E-SKIPPED: {test}: E2E_MODEL_DIR is not set (see ci/github/model-e2e.yml)");
+        println!(
+            "E2E-SKIPPED: {test}: E2E_MODEL_DIR is not set (see .github/workflows/model-e2e.yml)"
+        );
     }
     m
 }

@@ -7,7 +7,7 @@
 //! subnormal inputs read as zero and subnormal results flushed to zero (the instruction's
 //! fixed DAZ/FTZ, round to nearest even). `vdpbf16ps` does exactly that on CPUs that have it;
 //! AVX2 code runs the same FMAs with MXCSR's DAZ and FTZ set, portable code in software, so
-//! every ISA gives the same bits (kernels/tests/matmul.rs checks them against each other,
+//! every ISA gives the same bits (kernels/tests/kernels/matmul.rs checks them against each other,
 //! subnormals included).
 //!
 //! Weights are repacked per tile of [`NR`] rows into `[pair][row]` words (a word holds one

@@ -4,7 +4,7 @@
 //! error messages pointing into the right file), so no include paths or CUDA headers are
 //! needed. The backend compiles a file the first time one of its kernels runs, for the
 //! device's own compute capability, and keeps the module for the life of the process. The
-//! NVRTC compile test (`tests/cuda_nvrtc.rs`) compiles every file for 8.0, 9.0 and 12.1.
+//! NVRTC compile test (`tests/cuda/nvrtc.rs`) compiles every file for 8.0, 9.0 and 12.1.
 //!
 //! Adding an op: write its kernel in the `.cu` file of its kind (or a new file listed in
 //! [`SOURCES`]), then call it by `(file, kernel name)` from the op's Rust side.

@@ -1,5 +1,5 @@
 //! Every CUDA source compiles with NVRTC to PTX for compute capability 8.0, 9.0 and 12.1, with
-//! no warnings — no GPU needed, only the NVRTC library (`ci/cuda/check.sh` installs NVIDIA's
+//! no warnings — no GPU needed, only the NVRTC library (`ci/backends/test.sh` installs NVIDIA's
 //! `nvidia-cuda-nvrtc` wheel into a venv and puts it on LD_LIBRARY_PATH).
 //!
 //! Without the library the test says so and passes, unless `CUDA_NVRTC_REQUIRED=1` (set by CI,
@@ -11,7 +11,7 @@ use kernels::cuda::sources::{self, SOURCES, TESTED_ARCHS};
 fn every_kernel_source_compiles_cleanly_for_every_tested_arch() {
     if !sources::nvrtc_present() {
         let msg = "NVRTC (libnvrtc.so.13) is not on the library path: CUDA kernels NOT compiled. \
-                   Run `bash ci/cuda/check.sh`, or `bash ci/cuda/setup.sh` and put the lib \
+                   Run `bash ci/backends/test.sh`, or `bash ci/cuda/setup.sh` and put the lib \
                    directory it prints on LD_LIBRARY_PATH";
         if std::env::var("CUDA_NVRTC_REQUIRED").is_ok_and(|v| v == "1") {
             panic!("{msg}");
