@@ -1,44 +1,7 @@
-//! Fingerprints the synthesiser's sources so cached synthetic checkpoints are keyed by the code
-//! that wrote them: after any change to `src/synth`, the cache misses and rewrites the folder
-//! instead of serving bytes from an older synthesiser.
-//!
-//! Under the `mlx` feature it also adds an rpath to the MLX wheel's `lib/` (mlx-sys publishes
-//! it as DEP_MLX_LIBDIR), so the harness binaries and tests find `libmlx` at run time.
-
-use std::path::{Path, PathBuf};
-
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
+//! Under the `mlx` feature, adds an rpath to the MLX wheel's `lib/` (mlx-sys publishes it as
+//! DEP_MLX_LIBDIR), so the harness binaries and tests find `libmlx` at run time.
 
 fn main() {
-    let root = Path::new("src/synth");
-    println!("cargo:rerun-if-changed=src/synth");
-    let mut all = Vec::new();
-    files(root, &mut all);
-    all.sort();
-    // FNV-1a over names and contents: stable, dependency-free, plenty for a cache key.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in &all {
-        let name = p.to_string_lossy().replace('\\', "/");
-        for b in name.bytes().chain(std::fs::read(p).unwrap_or_default()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        println!("cargo:rerun-if-changed={}", p.display());
-    }
-    println!("cargo:rustc-env=SYNTH_SOURCE_HASH={h:016x}");
-
     println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
     if std::env::var_os("CARGO_FEATURE_MLX").is_some() {
         if let Some(dir) = std::env::var_os("DEP_MLX_LIBDIR") {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The machine's own limits, measured in the same run as the benchmarks (DESIGN.md §8):
+"""The machine's own limits, measured in the same run as the benchmarks (docs/design.md §8):
 a plain GEMM's FLOP/s (float32 matmul of numpy/OpenBLAS and torch/MKL, the better one, on the
 benchmark's thread count)
 and memory bandwidth (membw.c: best-of-8 read/copy/write over 1 GiB on the same threads).

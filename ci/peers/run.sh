@@ -2,7 +2,7 @@
 # Peer benchmark on CPU: our engine against llama.cpp on the same synthetic checkpoints.
 #
 # Usage: bash ci/peers/run.sh [OUT_DIR]      (default OUT_DIR: $PEERS_DIR/out-YYYYmmdd-HHMM)
-# See ci/peers/README.md for what is measured, the env vars and the caveats.
+# See docs/peers.md for what is measured, the env vars and the caveats.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

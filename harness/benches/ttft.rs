@@ -1,4 +1,4 @@
-//! TTFT per execution path over prompt lengths on a synthetic checkpoint (DESIGN §8), timed
+//! TTFT per execution path over prompt lengths on a synthetic checkpoint (docs/design.md §8), timed
 //! exactly as `harness sweep` times it: the engine's own TTFT (prompt in → first logits on the
 //! host) of a greedy one-token request. Throughput is in prompt tokens, so criterion also
 //! prints prefill tokens/s.
@@ -16,11 +16,11 @@ use std::time::Duration;
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use harness::models::synth_cached;
 use harness::paths::parse_paths;
 use harness::report::criterion::GROUP_PREFIX;
 use harness::sweep::TtftRunner;
-use harness::synth::SynthSpec;
+use synth::cached as synth_cached;
+use synth::SynthSpec;
 
 const DEFAULT_MODEL: &str = "qwen3_5:bench:bf16";
 const DEFAULT_PATHS: &str = "gdn=perstep,gdn=chunked";

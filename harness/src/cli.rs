@@ -27,8 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// The main job: goldens, oracle, parity, a short sweep and a report (the default).
     Run(crate::run::RunArgs),
-    #[command(after_long_help = crate::synth::cli::families_help())]
-    Synth(crate::synth::cli::SynthArgs),
+    #[command(after_long_help = crate::synth_cli::families_help())]
+    Synth(crate::synth_cli::SynthArgs),
     Golden(crate::golden::cli::GoldenArgs),
     Parity(crate::parity::cli::ParityArgs),
     Sweep(crate::sweep::cli::SweepArgs),

@@ -1,4 +1,5 @@
-//! Verification and benchmarks for the engine: synthetic checkpoints (`synth`), and more.
+//! Verification and benchmarks for the engine: goldens, path parity, the oracles, TTFT sweeps
+//! and reports, on folders the user names or on synthetic checkpoints (the `synth` crate).
 
 pub mod backends;
 pub mod cli;
@@ -11,4 +12,4 @@ pub mod paths;
 pub mod report;
 pub mod run;
 pub mod sweep;
-pub mod synth;
+pub mod synth_cli;

@@ -1,6 +1,6 @@
 //! What a measurement ran on: the CPU model, its core count, the backend and the source commit.
 //! Benchmarks record these beside every number so that results from different machines or
-//! commits are never mixed up silently (DESIGN §8).
+//! commits are never mixed up silently (docs/design.md §8).
 
 use std::path::Path;
 use std::process::Command;
@@ -61,7 +61,7 @@ pub fn backend() -> String {
 /// it (so a before/after of an uncommitted change is not labelled as the commit itself);
 /// `None` outside a git checkout or without git.
 pub fn commit() -> Option<String> {
-    let root = crate::models::workspace_root();
+    let root = synth::workspace_root();
     let head = command_output("git", &["rev-parse", "--short", "HEAD"], Some(&root))?;
     let dirty = command_output(
         "git",

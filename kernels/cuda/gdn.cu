@@ -1,4 +1,4 @@
-// Gated DeltaNet (DESIGN section 5) and the depthwise causal conv that feeds it, mirroring
+// Gated DeltaNet (docs/design.md section 5) and the depthwise causal conv that feeds it, mirroring
 // kernels/src/cpu/gdn/. Shapes (one sequence): q, k [T, Hk, Dk]; v [T, Hv, Dv]; g_log, beta
 // [T, Hv]; state [Hv, Dv, Dk]; y [T, Hv, Dv]; value head h reads key head h / (Hv / Hk).
 //

@@ -552,7 +552,7 @@ fn need_rows(op: &'static str, x: &Tensor) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gated DeltaNet (DESIGN §5) and the depthwise causal conv that feeds it. One sequence per call;
+// Gated DeltaNet (docs/design.md §5) and the depthwise causal conv that feeds it. One sequence per call;
 // activations and recurrent state are f32.
 // ---------------------------------------------------------------------------------------------
 

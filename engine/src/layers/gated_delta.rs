@@ -1,4 +1,4 @@
-//! Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5), DESIGN §5: projections, a depthwise
+//! Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5), docs/design.md §5: projections, a depthwise
 //! causal conv over the q|k|v channels, L2-normalised q and k, the delta-rule recurrence (per
 //! step or chunked), an RMSNorm gated by `silu(z)` and the output projection.
 

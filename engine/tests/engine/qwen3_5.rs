@@ -260,29 +260,17 @@ fn config(d: &Dims, layout: Layout) -> Value {
     }
 }
 
+/// A safetensors file of F32 tensors, written by the `safetensors` crate.
 fn safetensors(entries: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0;
-    for (name, shape, data) in entries {
-        let end = offset + 4 * data.len();
-        header.insert(
-            name.clone(),
-            json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}),
-        );
-        offset = end;
-    }
-    let mut h = Value::Object(header).to_string().into_bytes();
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h);
-    for (_, _, data) in entries {
-        for v in data {
-            out.extend(v.to_le_bytes());
-        }
-    }
-    out
+    let bytes: Vec<Vec<u8>> = entries
+        .iter()
+        .map(|(_, _, data)| data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = entries.iter().zip(&bytes).map(|((name, shape, _), b)| {
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b);
+        (name.clone(), view.unwrap())
+    });
+    safetensors::serialize(views, None).unwrap()
 }
 
 /// Writes `w` in `layout` to `dir`, leaving out the tensors named in `skip` (stored names).

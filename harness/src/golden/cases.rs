@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 use engine::Pipeline;
 
 use crate::paths::{parse_path, PathSpec};
-use crate::synth::families;
-use crate::synth::{Format, Size, SynthSpec};
+use synth::families;
+use synth::{Format, Size, SynthSpec};
 
 /// Tokens generated per case (T=0, stop tokens ignored, so every case produces exactly this many).
 pub const MAX_TOKENS: usize = 24;

@@ -132,7 +132,7 @@ pub fn engine_version() -> String {
     let version = env!("CARGO_PKG_VERSION");
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
-        .current_dir(crate::models::workspace_root())
+        .current_dir(synth::workspace_root())
         .output()
         .ok()
         .filter(|o| o.status.success())

@@ -20,12 +20,11 @@ pub use cases::{Case, MATRIX, MAX_TOKENS, PROMPTS};
 pub use file::{checkpoint_sha256, Golden};
 
 use crate::backends::Loaded;
-use crate::models;
 
 /// `goldens/<device key>` in the workspace: `goldens/cpu`, `goldens/mlx-cpu`, ... (MLX on its
 /// CPU and on a GPU round differently, so each device has its own set).
 pub fn default_dir(backend: Backend) -> PathBuf {
-    models::workspace_root()
+    synth::workspace_root()
         .join("goldens")
         .join(backend.device_key())
 }
@@ -254,8 +253,7 @@ fn for_each_case(
     while i < cases.len() {
         let spec = &cases[i].spec;
         let group = cases[i..].iter().take_while(|c| &c.spec == spec).count();
-        let dir_hash =
-            models::synth_cached(spec).and_then(|dir| Ok((checkpoint_sha256(&dir)?, dir)));
+        let dir_hash = synth::cached(spec).and_then(|dir| Ok((checkpoint_sha256(&dir)?, dir)));
         // Loaded once per backend and resident numerics (MLX keeps weights per numerics).
         let mut loaded = dir_hash
             .as_ref()

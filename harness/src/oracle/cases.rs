@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use crate::models;
-use crate::synth::{Format, Layout, Size, SynthSpec};
+use synth::{Format, Layout, Size, SynthSpec};
 
 /// Families with references on synthetic checkpoints.
 pub const FAMILIES: &[&str] = &[
@@ -81,7 +80,7 @@ impl Source {
                 }
                 Ok(dir)
             }
-            Source::Synth(spec) => models::synth_cached(spec),
+            Source::Synth(spec) => synth::cached(spec),
         }
     }
 }

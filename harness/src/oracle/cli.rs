@@ -8,9 +8,8 @@ use serde_json::json;
 
 use super::{cases, check, CaseResult, Options, Outcome, DEFAULT_LOGPROB_TOL};
 use crate::golden::checkpoint_sha256;
-use crate::models;
 use crate::paths::parse_backend;
-use crate::synth::{write_checkpoint, WriteOptions};
+use synth::{write_checkpoint, WriteOptions};
 
 /// Conformance with mlx-lm: the engine against stored greedy references made by mlx-lm
 /// (MLX on CPU, float32) on the same checkpoints.
@@ -201,7 +200,7 @@ fn run_prepare() -> Result<()> {
     };
     for spec in cases::synth_specs() {
         // The cache folder `check` will use; rewritten so it holds today's synthesiser output.
-        let dir = models::synth_cached(&spec)?;
+        let dir = synth::cached(&spec)?;
         write_checkpoint(&spec, &dir, &opts)?;
         println!("{spec}\t{}\t{}", dir.display(), checkpoint_sha256(&dir)?);
     }

@@ -294,7 +294,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         Options {
-            root: crate::models::workspace_root(),
+            root: synth::workspace_root(),
             filter: None,
             backend: Backend::Cpu,
             gdn: None,

@@ -27,7 +27,7 @@ pub const BUILTIN_LENGTHS: &[usize] = &[9, 24, 63, 64, 65, 100, 150, 257];
 
 /// Text the built-in prompts are cut from (the synthetic tokenizer learned its merges from it,
 /// so it encodes into ordinary multi-byte tokens).
-const BUILTIN_TEXT: &str = include_str!("../synth/corpus.txt");
+const BUILTIN_TEXT: &str = synth::tokenizer::CORPUS;
 
 /// Tokens generated per prompt unless asked otherwise; longer than [`EARLY_DIVERGE_TOKENS`] so
 /// a late drift can be told from an early divergence.

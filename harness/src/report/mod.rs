@@ -1,7 +1,7 @@
 //! `harness report`: sweep measurements (and criterion's) → a comparison of two sides along one
 //! dimension (paths by default; commits, machines, backends or labels on request) as markdown,
 //! CSV and JSON tables, TTFT and speedup plots (SVG + PNG), and the crossover length from which
-//! the compare side wins (DESIGN §8).
+//! the compare side wins (docs/design.md §8).
 
 pub mod cli;
 pub mod compare;

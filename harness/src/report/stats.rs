@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Median with the 10th and 90th percentiles (DESIGN §8), plus the extremes.
+/// Median with the 10th and 90th percentiles (docs/design.md §8), plus the extremes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub n: usize,

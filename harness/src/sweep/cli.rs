@@ -9,7 +9,7 @@ use clap::Args;
 use super::{run_sweep, SweepPlan};
 use crate::models;
 use crate::paths::{parse_paths, VALID_PATHS};
-use crate::synth::SynthSpec;
+use synth::SynthSpec;
 
 /// Time TTFT over prompt lengths and execution paths; one JSON line per measurement.
 ///

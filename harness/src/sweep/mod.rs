@@ -1,4 +1,4 @@
-//! TTFT sweeps (DESIGN §8): time requests over prompt lengths × execution paths, the paths
+//! TTFT sweeps (docs/design.md §8): time requests over prompt lengths × execution paths, the paths
 //! interleaved inside each repetition (so drift in machine load hits every path alike) after
 //! untimed warm-up passes, one [`Measurement`] per request. `harness report` turns the rows into
 //! tables and plots.

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::synth::rng::SplitMix64;
+use synth::rng::SplitMix64;
 
 /// The ids a benchmark prompt may use: every id both the tokenizer and the model's embedding
 /// know, minus the tokenizer's added (special and control) tokens.

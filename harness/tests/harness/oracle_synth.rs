@@ -302,7 +302,7 @@ fn every_reference_file_belongs_to_a_case() {
 #[test]
 fn a_changed_checkpoint_is_reported_as_stale() {
     let spec = "qwen3:tiny:f32:mlx";
-    let src = cases::Source::Synth(harness::synth::SynthSpec::parse(spec).unwrap());
+    let src = cases::Source::Synth(synth::SynthSpec::parse(spec).unwrap());
     let tmp = tempfile::tempdir().unwrap();
     let file = src.reference_file(tmp.path());
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -335,7 +335,7 @@ fn a_changed_checkpoint_is_reported_as_stale() {
 #[test]
 fn a_shifted_reference_fails_on_the_logprob_tolerance() {
     let spec = "qwen3:tiny:f32:mlx";
-    let src = cases::Source::Synth(harness::synth::SynthSpec::parse(spec).unwrap());
+    let src = cases::Source::Synth(synth::SynthSpec::parse(spec).unwrap());
     let tmp = tempfile::tempdir().unwrap();
     let file = src.reference_file(tmp.path());
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();

@@ -3,10 +3,10 @@
 
 use engine::Pipeline;
 use harness::backends::Loaded;
-use harness::models::synth_cached;
 use harness::parity::{builtin_prompts, classify, run, Verdict, EARLY_DIVERGE_TOKENS};
 use harness::paths::parse_path;
-use harness::synth::SynthSpec;
+use synth::cached as synth_cached;
+use synth::SynthSpec;
 
 /// `n` tokens of agreement, then one different token, then more.
 fn diverging_at(n: usize) -> (Vec<u32>, Vec<u32>) {

@@ -99,7 +99,7 @@ fn reference_path(m: &Model) -> PathBuf {
     std::env::var_os("E2E_REFERENCE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            harness::models::workspace_root()
+            synth::workspace_root()
                 .join("goldens/real")
                 .join(format!("{}.json", m.key))
         })

@@ -1,4 +1,4 @@
-//! Gated DeltaNet and its causal conv on CUDA (`gdn.cu`), the CPU's algorithms (DESIGN §5).
+//! Gated DeltaNet and its causal conv on CUDA (`gdn.cu`), the CPU's algorithms (docs/design.md §5).
 //!
 //! The chunked path works on "slabs": one per (value head, chunk), the chunk zero-padded to
 //! `L` steps (padding with q = k = v = β = 0 and g = 0 changes no real row). Per slab, in

@@ -1,4 +1,4 @@
-//! Chunked Gated DeltaNet (DESIGN §5) on MLX ops: the prefill path. The algebra and every
+//! Chunked Gated DeltaNet (docs/design.md §5) on MLX ops: the prefill path. The algebra and every
 //! numerics choice follow the CPU version (`cpu::gdn::chunked`, whose header derives it):
 //!
 //! - every decay factor is `exp` of a *segment sum* of `g_log` over a stretch of steps, never a

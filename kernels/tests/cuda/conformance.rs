@@ -1,4 +1,4 @@
-//! Op conformance of the CUDA backend against the CPU reference (DESIGN §3), in the style of
+//! Op conformance of the CUDA backend against the CPU reference (docs/design.md §3), in the style of
 //! llama.cpp's test-backend-ops: one table of cases walking the whole op list, one comparison
 //! routine, one line per verdict. Each case builds its inputs on the host, runs once with them
 //! on the CPU and once with them on the GPU; results must match within NMSE = Σ(a−b)²/Σa² ≤ 1e-7

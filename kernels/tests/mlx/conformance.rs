@@ -1,4 +1,4 @@
-//! Op conformance of the MLX backend against the CPU reference (DESIGN §3): the same inputs go
+//! Op conformance of the MLX backend against the CPU reference (docs/design.md §3): the same inputs go
 //! through `ops::*` once as host tensors and once as MLX tensors; the MLX results, copied back
 //! to the host, must match within NMSE = Σ(a−b)²/Σa² ≤ 1e-7 (elementwise, norms, rope) or
 //! ≤ 5e-4 (matmul), with no NaN and no one-sided inf.

@@ -1,7 +1,7 @@
-//! Gated DeltaNet on MLX (DESIGN §5) against the CPU reference: the chunked MLX graph is
+//! Gated DeltaNet on MLX (docs/design.md §5) against the CPU reference: the chunked MLX graph is
 //! compared with the CPU chunked path, with the CPU per-step recurrence (an independent
-//! implementation) and with the MLX per-step path, on outputs and final state, within DESIGN's
-//! GDN NMSE = Σ(a−b)²/Σa² (≤ 5e-4 in DESIGN, 1e-5 here; no NaN, no one-sided inf). The cases cover chunk
+//! implementation) and with the MLX per-step path, on outputs and final state, within the design's
+//! GDN NMSE = Σ(a−b)²/Σa² (≤ 5e-4 in docs/design.md §3, 1e-5 here; no NaN, no one-sided inf). The cases cover chunk
 //! boundaries (T = 1, 63, 64, 65, 130 at L = 64), GQA (Hv/Hk = 2), with and without a starting
 //! state, strong decay (g_log ≈ −300 and the gate floor, where e^g is exactly 0) and nearly
 //! parallel keys (large entries in `A`, where a repeated-squaring inverse breaks down).
@@ -12,7 +12,7 @@ use common::{host_vec, mlx, values};
 use kernels::ops::{self, GDN_CHUNK};
 use kernels::{Device, Tensor};
 
-/// DESIGN §3 allows 5e-4 for GDN; both MLX paths and the CPU ones agree to ~1e-12 here, so the
+/// docs/design.md §3 allows 5e-4 for GDN; both MLX paths and the CPU ones agree to ~1e-12 here, so the
 /// tests hold them to 1e-5, tight enough to catch a single wrong row of `(I + A)⁻¹` (≈ 3e-3).
 const GDN_LIMIT: f64 = 1e-5;
 

@@ -1,4 +1,4 @@
-//! The chunked form of the recurrence (DESIGN §5), for prefill: the steps of a chunk of `L`
+//! The chunked form of the recurrence (docs/design.md §5), for prefill: the steps of a chunk of `L`
 //! tokens are folded into a few matrix products run by `gemm`, and the state is touched once
 //! per chunk instead of once per token.
 //!

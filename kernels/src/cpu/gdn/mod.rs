@@ -1,4 +1,4 @@
-//! Gated DeltaNet on the CPU (DESIGN §5): the log-space decay gate, the per-step recurrence
+//! Gated DeltaNet on the CPU (docs/design.md §5): the log-space decay gate, the per-step recurrence
 //! (reference and decode path), the chunked algorithm (prefill), the triangular inverse it
 //! rests on, and the depthwise causal conv that feeds q, k, v.
 //!
