@@ -9,7 +9,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 
 use crate::Pipeline;
 
@@ -204,7 +204,7 @@ impl Pipeline {
         };
         let mut p = Pipeline::load_with(dir, pages)?;
         if backend != Backend::Cpu {
-            kernels::cpu::numerics::with(numerics, || p.model.to_device(backend.device()))
+            kernels::numerics::with(numerics, || p.model.to_device(backend.device()))
                 .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;
         }
         Ok(p)

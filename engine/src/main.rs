@@ -168,7 +168,7 @@ struct RunArgs {
     /// instruction set is detected at run time; ENGINE_CPU_ISA=avx2 (or portable, avx512,
     /// avx512vnni, avx512bf16; neon, dotprod, i8mm on aarch64) caps it.
     #[arg(long, value_name = "exact|fast")]
-    numerics: Option<kernels::cpu::numerics::Numerics>,
+    numerics: Option<kernels::numerics::Numerics>,
 }
 
 impl RunArgs {
@@ -185,7 +185,7 @@ impl RunArgs {
     }
 
     /// `--numerics`, else the backend's default.
-    fn numerics(&self) -> kernels::cpu::numerics::Numerics {
+    fn numerics(&self) -> kernels::numerics::Numerics {
         self.numerics
             .unwrap_or_else(|| self.backend.default_numerics())
     }

@@ -41,7 +41,7 @@ pub struct RequestOptions {
     /// Paged KV for full-attention layers.
     pub paged_kv: Option<PagedKv>,
     /// The CPU kernels' arithmetic (`exact` unless asked).
-    pub numerics: kernels::cpu::numerics::Numerics,
+    pub numerics: kernels::numerics::Numerics,
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.

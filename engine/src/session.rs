@@ -37,7 +37,7 @@ struct Cached {
     gdn_path: GdnPath,
     flat_kv: bool,
     paged_kv: Option<PagedKv>,
-    numerics: kernels::cpu::numerics::Numerics,
+    numerics: kernels::numerics::Numerics,
 }
 
 /// A turn's output and how much of its prompt came from the cache.
@@ -82,7 +82,7 @@ impl<'m> Session<'m> {
         };
         let reused = state.pos;
         let mut boundary = None;
-        let output = kernels::cpu::numerics::with(req.numerics, || {
+        let output = kernels::numerics::with(req.numerics, || {
             generate::continue_plain(
                 self.model,
                 req,

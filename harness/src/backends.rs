@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use engine::{Backend, Pipeline};
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 
 use crate::paths::PathSpec;
 

@@ -16,7 +16,7 @@ use engine::layers::GdnPath;
 use engine::models::CausalLm;
 use engine::Session;
 use engine::{Backend, RequestOptions};
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
 pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
@@ -45,7 +45,7 @@ pub struct PathSpec {
     /// first half, so the cache is reused instead of prefilling from scratch.
     pub session_reuse: bool,
     /// The CPU kernels' arithmetic (`exact` when unset; `fast` quantizes decode activations
-    /// for 4-bit weights, see `kernels::cpu::numerics`).
+    /// for 4-bit weights, see `kernels::numerics`).
     pub numerics: Option<Numerics>,
 }
 

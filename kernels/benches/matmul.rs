@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kernels::cpu::numerics::{self, Numerics};
+use kernels::numerics::{self, Numerics};
 use kernels::quant::quantize;
 use kernels::{ops, DType, QuantMode, QuantSpec, Tensor, Weight};
 

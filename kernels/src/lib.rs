@@ -8,8 +8,11 @@ mod dtype;
 mod error;
 #[cfg(feature = "mlx")]
 pub mod mlx;
+pub mod numerics;
 pub mod ops;
+pub mod params;
 pub mod quant;
+pub mod select;
 mod storage;
 mod tensor;
 

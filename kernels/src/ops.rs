@@ -5,33 +5,13 @@
 //! bit-identical for any thread count.
 
 use crate::error::{shape_err, Result};
+pub use crate::params::{AttnParams, RopeLayout};
 use crate::{cpu, Tensor, Weight};
 
 mod moe;
 pub use moe::{
     expert_rows, gather_matmul, moe_combine, moe_route, moe_route_sigmoid, MoeRoutes, Routing,
 };
-
-/// RoPE pair layout: `HalfSplit` rotates (x[i], x[i + r/2]) (NeoX/Qwen/Llama in HF layout),
-/// `Interleaved` rotates (x[2i], x[2i+1]) (GPT-J style).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    HalfSplit,
-    Interleaved,
-}
-
-/// Causal attention parameters. Query row `t` sits at absolute position `q_start + t` and
-/// sees keys at positions `p` with `p <= q_start + t` and, with a window `w`,
-/// `p > q_start + t - w`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnParams {
-    pub q_start: usize,
-    pub kv_len: usize,
-    pub scale: f32,
-    pub window: Option<usize>,
-    /// `tanh` soft-capping of the scores (`cap·tanh(s/cap)`), as some families use.
-    pub softcap: Option<f32>,
-}
 
 /// `x @ wᵀ`: `x` is `[.., K]` f32, `w` is `[N, K]` in any weight format; returns `[.., N]`.
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
@@ -488,7 +468,7 @@ pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     if on_cuda(&[x]) {
         return crate::cuda::argmax(x);
     }
-    cpu::select::argmax(x)
+    crate::select::argmax(x)
 }
 
 /// The `k` largest `(index, value)` of a 1-D `x`, best first; ties go to the lower index, NaN
@@ -502,7 +482,7 @@ pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
     if on_cuda(&[x]) {
         return crate::cuda::top_k(x, k);
     }
-    cpu::select::top_k(x, k)
+    crate::select::top_k(x, k)
 }
 
 /// Whether every element of an f32 tensor is finite. On a GPU the check runs there and only
@@ -561,7 +541,7 @@ pub const GDN_CHUNK: usize = 64;
 
 /// The log-space decay gate `g_log = −exp(A_log)·softplus(a + dt_bias)`: `a` is `[T, Hv]`,
 /// `a_log` and `dt_bias` are `[Hv]` (any float dtype); returns `[T, Hv]`. Finite for every
-/// finite input (clamped at [`cpu::gdn::GATE_FLOOR`], whose `exp` is exactly 0); feed it to
+/// finite input (clamped at [`crate::params::GATE_FLOOR`], whose `exp` is exactly 0); feed it to
 /// the GDN ops as is, never as `exp` then `log`.
 pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {
     need_f32("gdn_gate", "a", a)?;

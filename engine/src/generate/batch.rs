@@ -60,7 +60,7 @@ pub fn generate_batch(
     on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<GenerateOutput>> {
     let numerics = reqs.first().map(|r| r.numerics).unwrap_or_default();
-    kernels::cpu::numerics::with(numerics, || batch_on(model, reqs, opts, on_token))
+    kernels::numerics::with(numerics, || batch_on(model, reqs, opts, on_token))
 }
 
 fn batch_on(

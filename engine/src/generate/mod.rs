@@ -9,7 +9,7 @@ pub mod speculative;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kernels::cpu::numerics::{self, Numerics};
+use kernels::numerics::{self, Numerics};
 use kernels::ops;
 
 use crate::cache::ModelState;
@@ -40,7 +40,7 @@ pub struct GenerateRequest {
     /// Full-attention layers keep their KV in blocks of a pool instead of one flat buffer.
     pub paged_kv: Option<PagedKv>,
     /// The CPU kernels' arithmetic: `exact` (f32 activations) or `fast` (int8 activations in
-    /// 4-bit decode products; see `kernels::cpu::numerics`). Other backends ignore it.
+    /// 4-bit decode products; see `kernels::numerics`). Other backends ignore it.
     pub numerics: Numerics,
 }
 

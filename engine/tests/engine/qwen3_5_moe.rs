@@ -134,7 +134,7 @@ fn strong_decay_in_every_gdn_layer_stays_finite_on_both_paths() {
         &kernels::Tensor::from_f32(&[4], vec![0.0; 4]).unwrap(),
     )
     .unwrap();
-    assert_eq!(g.to_vec_f32().unwrap()[0], kernels::cpu::gdn::GATE_FLOOR);
+    assert_eq!(g.to_vec_f32().unwrap()[0], kernels::params::GATE_FLOOR);
     // 300 tokens: the chunked path runs four chunks (the last one short).
     let ids = prompt(300);
     let a = greedy(m.as_ref(), &ids, 16, GdnPath::PerStep);

@@ -64,7 +64,7 @@ pub struct CheckArgs {
     /// Arithmetic: `exact`, or `fast` (CPU: int8 activations against 4-bit weights, bf16
     /// against bf16 weights; MLX: the stored dtypes, as mlx-lm runs).
     #[arg(long, value_name = "exact|fast", default_value = "exact")]
-    pub numerics: kernels::cpu::numerics::Numerics,
+    pub numerics: kernels::numerics::Numerics,
 
     /// Compare with mlx-lm run in the folders' stored dtypes (goldens/oracle/
     /// mlx-written-native, written by harness/oracle/regenerate_native.sh) instead of the f32

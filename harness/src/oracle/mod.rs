@@ -11,7 +11,7 @@
 pub mod cases;
 pub mod cli;
 
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};

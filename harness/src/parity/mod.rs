@@ -211,9 +211,8 @@ fn run_path(
     let model = pipeline.model.as_ref();
     let mut state = path.apply_state(model.new_state())?;
     let numerics = path.numerics.unwrap_or_default();
-    let logits =
-        kernels::cpu::numerics::with(numerics, || model.forward(prompt, &mut state, false))?
-            .to_vec_f32()?;
+    let logits = kernels::numerics::with(numerics, || model.forward(prompt, &mut state, false))?
+        .to_vec_f32()?;
     let mut opts = RequestOptions {
         max_tokens: Some(max_tokens),
         temperature: Some(0.0),

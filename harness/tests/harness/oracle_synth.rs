@@ -7,7 +7,7 @@
 use engine::layers::gated_delta::GdnPath;
 use engine::Backend;
 use harness::oracle::{self, cases, CaseResult, Options, Outcome};
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 
 fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -197,7 +197,7 @@ fn fast_numerics_match_mlx_lm_on_q4() {
             root: root(),
             filter: Some(filter.to_string()),
             gdn,
-            numerics: kernels::cpu::numerics::Numerics::Fast,
+            numerics: kernels::numerics::Numerics::Fast,
             logprob_tol: FAST_LOGPROB_TOL,
             ..Options::default()
         };

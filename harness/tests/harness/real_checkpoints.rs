@@ -21,7 +21,7 @@ use engine::layers::GdnPath;
 use engine::{generate, Pipeline, RequestOptions};
 use harness::oracle::{check_cases, Reference, DEFAULT_LOGPROB_TOL};
 use harness::parity::classify;
-use kernels::cpu::numerics::Numerics;
+use kernels::numerics::Numerics;
 
 /// Generated tokens per prompt in the path comparisons: past the early-divergence horizon (16).
 const TOKENS: usize = 32;

@@ -13,7 +13,7 @@ use super::attention_decode as decode;
 use super::isa::Isa;
 use super::matmul::DECODE_MAX_M;
 use super::unary::exp_approx;
-use crate::ops::AttnParams;
+use crate::params::AttnParams;
 use crate::{Result, Tensor};
 
 /// Score rows (query position × head of the GQA group) per task: enough to run the gemm

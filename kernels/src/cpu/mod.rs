@@ -17,32 +17,16 @@ macro_rules! by_rows {
     };
 }
 
-#[cfg(target_arch = "aarch64")]
-mod arm_dot;
 pub mod attention;
 mod attention_decode;
-pub(crate) mod bgemm_bf16;
 pub mod binary;
-mod bmatvec_bf16;
-pub mod dequant;
-#[cfg(target_arch = "x86_64")]
-mod dequant_avx2;
 pub mod gdn;
 pub mod isa;
 pub mod matmul;
-#[cfg(target_arch = "x86_64")]
-mod matvec_bf16;
-pub mod minifloat;
 pub mod moe;
 pub mod norm;
-pub mod numerics;
 pub mod pool;
-pub(crate) mod qgemm_q8;
-#[cfg(target_arch = "x86_64")]
-mod qmatvec_avx2;
-pub(crate) mod qmatvec_q8;
 pub mod rope;
-pub mod select;
 pub mod unary;
 
 use rayon::prelude::*;

@@ -13,7 +13,8 @@
 //! have on the caller. Results do not depend on which thread runs them (see the module docs
 //! of [`super`]).
 
-use super::{isa, numerics};
+use super::isa;
+use crate::numerics;
 
 /// Runs `f` on a worker of rayon's global pool (directly when this thread already is one),
 /// with this thread's ISA cap and numerics path.
@@ -30,7 +31,7 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 mod tests {
     use super::*;
     use crate::cpu::isa::Isa;
-    use crate::cpu::numerics::Numerics;
+    use crate::numerics::Numerics;
 
     /// The work sees the caller's ISA cap and numerics path, though it runs on another thread.
     #[test]

@@ -1,4 +1,4 @@
-use crate::ops::RopeLayout;
+use crate::params::RopeLayout;
 use crate::{Result, Tensor};
 
 pub fn rope(

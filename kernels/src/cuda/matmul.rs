@@ -12,8 +12,8 @@ use super::context::gpu;
 use super::launch::{self, int};
 use super::sources::WEIGHTS;
 use super::{empty, f32_on_device, ptr, upload, upload_slice};
-use crate::cpu::dequant::WeightRows;
 use crate::error::{shape_err, Result};
+use crate::quant::decode::WeightRows;
 use crate::{DType, Error, QuantMode, QuantWeight, Tensor, Weight};
 
 /// A weight as the kernels of `weights.cu` take it.

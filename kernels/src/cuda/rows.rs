@@ -6,7 +6,7 @@ use super::launch::{self, int, Launch};
 use super::sources::{ATTENTION, ROWS};
 use super::{copy, empty, f32_on_device, ptr, read_back, upload_slice};
 use crate::error::{invalid, Result};
-use crate::ops::{AttnParams, RopeLayout};
+use crate::params::{AttnParams, RopeLayout};
 use crate::{DType, Error, Tensor};
 
 /// Rows and width of a row-wise op over the last dimension.
@@ -86,7 +86,7 @@ pub(crate) fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
         return Ok(Vec::new());
     }
     if k > launch::TOPK_MAX_K {
-        return crate::cpu::select::top_k(&x.to_device(crate::Device::Cpu)?, k);
+        return crate::select::top_k(&x.to_device(crate::Device::Cpu)?, k);
     }
     let x = f32_on_device(op, x)?;
     let (l, blocks) = launch::topk(n)?;
@@ -111,7 +111,7 @@ pub(crate) fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
         .filter(|&(i, _)| i >= 0)
         .map(|(i, v)| (i as u32, v))
         .collect();
-    Ok(crate::cpu::select::best_of(cands, k))
+    Ok(crate::select::best_of(cands, k))
 }
 
 pub(crate) fn rope(

@@ -20,8 +20,8 @@ use mlx_rs::{ops as mx, Array};
 
 use super::ops::f32_array;
 use super::{mlx_err, mlx_shape, tensor_of};
-use crate::cpu::gdn::GATE_FLOOR;
 use crate::error::Result;
+use crate::params::GATE_FLOOR;
 use crate::Tensor;
 
 /// Shorthand: MLX errors become `Error::Invalid` naming the op.

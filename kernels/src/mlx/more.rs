@@ -7,8 +7,8 @@ use mlx_rs::{ops as mx, Array};
 use super::ops::{act_array, dequantize, f32_array, quant_arrays, slice, slice_update};
 use super::{download, mlx_err, tensor_of};
 use crate::error::Result;
-use crate::ops::AttnParams;
-use crate::{cpu, Tensor, Weight};
+use crate::params::AttnParams;
+use crate::{Tensor, Weight};
 
 /// Shorthand: MLX errors become `Error::Invalid` naming the op.
 macro_rules! m {
@@ -393,11 +393,11 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
 /// Argmax needs host values anyway (token ids): evaluate, read back, and use the CPU rule for
 /// ties and NaN.
 pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
-    cpu::select::argmax(&download(&to_f32_tensor("argmax", x)?)?)
+    crate::select::argmax(&download(&to_f32_tensor("argmax", x)?)?)
 }
 
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
-    cpu::select::top_k(&download(&to_f32_tensor("top_k", x)?)?, k)
+    crate::select::top_k(&download(&to_f32_tensor("top_k", x)?)?, k)
 }
 
 fn to_f32_tensor(op: &'static str, x: &Tensor) -> Result<Tensor> {
@@ -430,7 +430,7 @@ pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> 
             .add(&a_log)
             .and_then(mx::exp)
             .and_then(mx::negative)
-            .and_then(|g| mx::maximum(g, scalar(cpu::gdn::GATE_FLOOR)))
+            .and_then(|g| mx::maximum(g, scalar(crate::params::GATE_FLOOR)))
     );
     tensor_of(op, g)
 }

@@ -9,7 +9,7 @@ use mlx_rs::{fast, ops as mx, Array, Dtype, Stream};
 
 use super::{array_of, mlx_err, tensor_of};
 use crate::error::{invalid, Result};
-use crate::ops::RopeLayout;
+use crate::params::RopeLayout;
 use crate::{DType, Error, QuantMode, QuantSpec, QuantWeight, Tensor, Weight};
 
 /// `x @ wᵀ` for dense weights and for quantized weights of every mode (MLX's
@@ -86,7 +86,7 @@ pub(crate) fn quant_input(op: &'static str, x: Array, biases: Option<&Array>) ->
 /// activations follow the weights' dtype) rather than in f32 (`numerics=exact`, the path the
 /// MLX goldens and the CPU parity were made on). See `cpu::numerics` for the CPU's meaning.
 pub fn native() -> bool {
-    crate::cpu::numerics::Numerics::current() == crate::cpu::numerics::Numerics::Fast
+    crate::numerics::Numerics::current() == crate::numerics::Numerics::Fast
 }
 
 /// A float tensor (activation or weight) as the ops take it: f32 on the exact path, its own

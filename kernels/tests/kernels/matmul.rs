@@ -439,7 +439,7 @@ fn empty_inputs_give_empty_outputs() {
 // ---- instruction sets and the `fast` numerics -------------------------------------------
 
 use kernels::cpu::isa;
-use kernels::cpu::numerics::{self, Numerics};
+use kernels::numerics::{self, Numerics};
 
 fn bits_of(t: &Tensor) -> Vec<u32> {
     t.f32s().unwrap().iter().map(|v| v.to_bits()).collect()

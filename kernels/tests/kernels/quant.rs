@@ -2,7 +2,7 @@
 //! bounds, and refusals of bad input. Byte-exact agreement with real `mx.quantize` is checked
 //! in mlx_quant.rs against fixtures written by MLX itself.
 
-use kernels::cpu::minifloat::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_TABLE};
+use kernels::quant::minifloat::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3, E4M3_TABLE};
 use kernels::quant::{dequantize, quantize};
 use kernels::{DType, QuantMode, QuantSpec};
 

@@ -92,7 +92,7 @@ fn inputs(c: &Case, seed: u64) -> ([Tensor; 5], Tensor) {
             }
         }
         if t > 5 {
-            g[5 * hv] = kernels::cpu::gdn::GATE_FLOOR;
+            g[5 * hv] = kernels::params::GATE_FLOOR;
         }
     }
     let g = Tensor::from_f32(&[t, hv], g).unwrap();

@@ -6,7 +6,7 @@ use crate::common;
 use common::{host_vec, mlx, values};
 
 use half::bf16;
-use kernels::cpu::numerics::{self, Numerics};
+use kernels::numerics::{self, Numerics};
 use kernels::ops;
 use kernels::{DType, Device, QuantMode, QuantSpec, Tensor, Weight};
 

@@ -119,7 +119,7 @@ fn norms() -> Vec<(String, usize)> {
 
 fn dense_f32(w: &Weight) -> Vec<f32> {
     let mut out = vec![0f32; w.rows() * w.cols()];
-    kernels::cpu::dequant::dequant_rows(w, 0, w.rows(), &mut out).unwrap();
+    kernels::quant::decode::dequant_rows(w, 0, w.rows(), &mut out).unwrap();
     out
 }
 

@@ -5,12 +5,8 @@
 //! underflows to `log 0 = −inf` under strong decay and then `−inf − (−inf) = NaN` inside a
 //! chunk, so the gate stays in log space from the start.
 
+use crate::params::GATE_FLOOR;
 use crate::{Result, Tensor};
-
-/// The most negative gate produced. `exp` of it is exactly 0 in f32 and f64 alike, so clamping
-/// changes no decay, while sums of millions of such terms (a chunk's cumulative decay) stay
-/// finite.
-pub const GATE_FLOOR: f32 = -1e30;
 
 /// `a` is `[T, Hv]` f32; `a_log` and `dt_bias` are `[Hv]` of any float dtype.
 pub fn gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {

@@ -13,9 +13,10 @@ mod gate;
 mod perstep;
 mod tri;
 
+pub use crate::params::GATE_FLOOR;
 pub use chunked::chunked;
 pub use conv::causal_conv1d;
-pub use gate::{gate, GATE_FLOOR};
+pub use gate::gate;
 pub use perstep::recurrent;
 pub use tri::unit_lower_inverse;
 

@@ -115,17 +115,6 @@ pub(crate) struct Affine4<'a> {
     pub group: usize,
 }
 
-impl Affine4<'_> {
-    /// Asks for the codes [`super::PREFETCH_BYTES`] past the start of row `r` (of `k`
-    /// columns), one row's worth, to be loaded into L2.
-    #[inline(always)]
-    pub fn prefetch_ahead(&self, r: usize, k: usize) {
-        #[cfg(target_arch = "x86_64")]
-        super::prefetch_l2(self.packed, r * k / 2 + super::PREFETCH_BYTES, k / 2);
-        let _ = (r, k);
-    }
-}
-
 /// A weight matrix `[rows, cols]` ready to be decoded row by row into f32.
 #[derive(Clone, Copy)]
 pub struct WeightRows<'a> {
@@ -349,9 +338,9 @@ impl<'a> WeightRows<'a> {
                         // SAFETY: AVX2 is present (the AVX2 entry points' contract).
                         unsafe {
                             match bits {
-                                2 => super::dequant_avx2::affine2(w, s, b, o),
-                                4 => super::dequant_avx2::affine4(w, s, b, o),
-                                _ => super::dequant_avx2::affine8(w, s, b, o),
+                                2 => super::decode_avx2::affine2(w, s, b, o),
+                                4 => super::decode_avx2::affine4(w, s, b, o),
+                                _ => super::decode_avx2::affine8(w, s, b, o),
                             }
                         }
                         continue;
@@ -388,7 +377,7 @@ impl<'a> WeightRows<'a> {
                     #[cfg(target_arch = "x86_64")]
                     if AVX2 {
                         // SAFETY: AVX2 is present (the AVX2 entry points' contract).
-                        unsafe { super::dequant_avx2::fp4(w, s, o) };
+                        unsafe { super::decode_avx2::fp4(w, s, o) };
                         continue;
                     }
                     for (o8, &word) in o.chunks_exact_mut(8).zip(w) {

@@ -1,6 +1,11 @@
 //! Weight matrices as checkpoints store them: dense (f32/bf16/f16) or quantized in one of MLX's
 //! formats. Kernels widen them to f32 a tile of rows at a time, never the whole matrix up front.
 
+pub mod decode;
+#[cfg(target_arch = "x86_64")]
+mod decode_avx2;
+pub mod minifloat;
+
 use crate::error::{shape_err, Result};
 use crate::{DType, Tensor};
 
@@ -432,7 +437,7 @@ fn affine_group(w: &[f32], bits: usize, codes: &mut [u8]) -> (f32, f32) {
 /// One fp group, with MLX's arithmetic carried out in `dt`: writes the value codes and returns
 /// the scale code.
 fn fp_group(w: &[f32], mode: QuantMode, dt: DType, codes: &mut [u8]) -> u8 {
-    use crate::cpu::minifloat::{e4m3_to_f32, e8m0_from_exponent, f32_to_e4m3, E2M1_VALUES};
+    use minifloat::{e4m3_to_f32, e8m0_from_exponent, f32_to_e4m3, E2M1_VALUES};
     let maxval = if mode == QuantMode::Mxfp8 { 448.0 } else { 6.0 };
     let amax = w.iter().fold(0.0f32, |a, x| a.max(x.abs()));
     let s = round_to(dt, amax / maxval);
@@ -486,7 +491,7 @@ fn pack_codes(codes: &[u8], bits: usize, start: usize, out: &mut [u32]) {
 /// The whole matrix widened to f32, row-major (for tests and tools; kernels decode per tile).
 pub fn dequantize(q: &QuantWeight) -> Result<Vec<f32>> {
     let w = Weight::Quant(q.clone());
-    let rows = crate::cpu::dequant::WeightRows::new(&w)?;
+    let rows = decode::WeightRows::new(&w)?;
     let mut out = vec![0.0f32; q.rows * q.cols];
     rows.decode_rows(0, &mut out);
     Ok(out)

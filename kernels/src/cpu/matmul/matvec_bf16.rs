@@ -10,8 +10,8 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::matmul::{OutPtr, DECODE_MAX_M};
-use super::tree_sum;
+use super::out::{OutPtr, DECODE_MAX_M};
+use crate::cpu::tree_sum;
 
 const LANES: usize = 32;
 

@@ -17,9 +17,9 @@
 use half::bf16;
 
 use super::bgemm_bf16::{daz, fma_ftz, Bf16Input};
-use super::isa::Isa;
-use super::matmul::{OutPtr, DECODE_MAX_M};
-use super::tree_sum;
+use super::out::{OutPtr, DECODE_MAX_M};
+use crate::cpu::isa::Isa;
+use crate::cpu::tree_sum;
 
 /// Lanes per input row (pairs of columns, so a block is 64 columns).
 const LANES: usize = 32;

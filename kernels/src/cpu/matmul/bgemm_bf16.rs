@@ -16,7 +16,7 @@
 
 use half::bf16;
 
-use super::isa::Isa;
+use crate::cpu::isa::Isa;
 
 // `Tile::pack` reads a pair of bf16 as one little-endian word.
 const _: () = assert!(cfg!(target_endian = "little"));
@@ -66,12 +66,12 @@ pub fn needs_values(isa: Isa) -> bool {
 pub fn round_input(xs: &[f32], m: usize, k: usize, values: bool) -> Bf16Input {
     let pairs = k.div_ceil(2);
     let mut words = vec![0u32; m * pairs];
-    super::for_each_row(&mut words, pairs, |i, out| {
+    crate::cpu::for_each_row(&mut words, pairs, |i, out| {
         round_row(&xs[i * k..(i + 1) * k], out)
     });
     let values = if values {
         let mut v = vec![0.0f32; m * 2 * pairs];
-        super::for_each_row(&mut v, 2 * pairs, |i, out| {
+        crate::cpu::for_each_row(&mut v, 2 * pairs, |i, out| {
             for (o, &w) in out
                 .chunks_exact_mut(2)
                 .zip(&words[i * pairs..(i + 1) * pairs])
@@ -565,8 +565,8 @@ mod avx512 {
 mod tests {
     use half::bf16;
 
-    use super::super::isa::Isa;
     use super::{round_input, tile_product, Tile, NR};
+    use crate::cpu::isa::Isa;
 
     /// The AVX-512 transposes pack the same words as the scalar loop: whole and partial
     /// blocks of 16 rows and 16 pairs, odd k.

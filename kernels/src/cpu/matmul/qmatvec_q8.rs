@@ -17,9 +17,9 @@
 //! (high nibble), so the activations are stored split into even and odd elements, and a byte
 //! vector's low and high nibbles meet them without any shuffle.
 
-use super::dequant::Affine4;
-use super::isa::Isa;
-use super::matmul::{OutPtr, DECODE_MAX_M};
+use super::out::{OutPtr, DECODE_MAX_M};
+use crate::cpu::isa::Isa;
+use crate::quant::decode::Affine4;
 
 /// The group size this path handles (MLX's default for 4-bit).
 pub const GROUP: usize = 64;
@@ -41,7 +41,11 @@ macro_rules! write_rows {
             _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
         };
         for r in $r0..$r1 {
-            $w.prefetch_ahead(r, $q.groups * $crate::cpu::qmatvec_q8::GROUP);
+            $crate::cpu::matmul::out::prefetch_affine4(
+                &$w,
+                r,
+                $q.groups * $crate::cpu::matmul::qmatvec_q8::GROUP,
+            );
             let (acc, bacc) = $sums($w, r, $q);
             for (i, (a, b)) in acc.iter().zip(&bacc).enumerate() {
                 // SAFETY: (i, r) is inside the output and column r is ours.
@@ -187,7 +191,7 @@ pub unsafe fn rows(
     // SAFETY: forwarded.
     unsafe {
         each_row(r0, r1, q.m, n, dst, |r, out| {
-            w.prefetch_ahead(r, q.groups * GROUP);
+            super::out::prefetch_affine4(w, r, q.groups * GROUP);
             row_dot(w, r, q, isa, out)
         })
     }
@@ -224,7 +228,7 @@ fn quantize_group(x: &[f32], xe: &mut [i8], xo: &mut [i8]) -> (f32, f32) {
     for (c, &v) in x.iter().enumerate() {
         lanes[c % 16] += v;
     }
-    let xsum = super::tree_sum(lanes);
+    let xsum = crate::cpu::tree_sum(lanes);
     if !(amax > 0.0 && amax.is_finite()) {
         xe.fill(0);
         xo.fill(0);
@@ -367,7 +371,7 @@ fn finish_row(
             }
             blk += 8;
         }
-        out[i] = super::tree_sum(*lane) + super::tree_sum(*bias);
+        out[i] = crate::cpu::tree_sum(*lane) + crate::cpu::tree_sum(*bias);
     }
 }
 
@@ -409,8 +413,8 @@ mod arm {
     //! the bits are the portable path's.
     use std::arch::aarch64::*;
 
+    use super::super::arm_dot::dot4;
     use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB};
-    use crate::cpu::arm_dot::dot4;
 
     /// # Safety
     /// The CPU has dotprod; `dst` as in [`super::rows`].
@@ -492,7 +496,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{Affine4, OutPtr, Q8Input, DECODE_MAX_M, GB, PERM};
-    use crate::cpu::dequant::Floats;
+    use crate::quant::decode::Floats;
 
     /// [`row_dot`](super::row_dot)'s whole blocks of row `r`: the lanes [`sums`] leaves, per
     /// input row.

@@ -15,9 +15,9 @@
 //! `quantize` stores at word `t` of the even and the odd activations. So a tile is a transpose
 //! of words split into nibbles, and each activation word is broadcast against it.
 
-use super::dequant::Affine4;
-use super::isa::Isa;
 use super::qmatvec_q8::{Q8Input, GROUP};
+use crate::cpu::isa::Isa;
+use crate::quant::decode::Affine4;
 
 /// Weight rows per tile (two AVX-512 or four AVX2 vectors of rows).
 pub const NR: usize = 32;
@@ -258,8 +258,8 @@ mod arm {
     //! packing.
     use std::arch::aarch64::*;
 
+    use super::super::arm_dot::{dot4, smmla};
     use super::{Q8Input, Tile, NR, WORDS};
-    use crate::cpu::arm_dot::{dot4, smmla};
 
     /// Input rows `i` and `i + 1` against the tile: `a[k][r]` as [`row`] gives it for row
     /// `i + k`, the same bits (integer sums are exact; the float step is the same).

@@ -15,21 +15,32 @@
 //! The two kernels round differently, so a row's result may differ in the last bits between a
 //! call with M ≤ [`DECODE_MAX_M`] and one with more rows; each is deterministic on its own.
 
+#[cfg(target_arch = "aarch64")]
+mod arm_dot;
+pub(crate) mod bgemm_bf16;
+mod bmatvec_bf16;
+#[cfg(target_arch = "x86_64")]
+mod matvec_bf16;
+pub(crate) mod out;
+pub(crate) mod qgemm_q8;
+#[cfg(target_arch = "x86_64")]
+mod qmatvec_avx2;
+pub(crate) mod qmatvec_q8;
+
 use std::cell::RefCell;
 
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::dequant::WeightRows;
-use super::isa::Isa;
-use super::numerics::Numerics;
+use out::OutPtr;
+pub use out::DECODE_MAX_M;
+
+use crate::cpu::isa::Isa;
 use crate::error::shape_err;
+use crate::numerics::Numerics;
+use crate::quant::decode::WeightRows;
 use crate::{Result, Tensor, Weight};
 
-/// Inputs with at most this many rows take the fused decode kernel: one decode token, or the
-/// up to 5 rows an MTP verification runs (4 drafts after the last token), so speculative
-/// decoding rounds like plain decoding and costs about one weight read per round.
-pub const DECODE_MAX_M: usize = 5;
 /// Weight rows per prefill tile: large enough that the per-tile `gemm` call amortises packing
 /// the input, small enough that a widened tile stays in L2 for typical K.
 pub const TILE_N: usize = 128;
@@ -52,23 +63,6 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
         }
         f(&mut s[..len])
     })
-}
-
-/// The output buffer shared by tiles that write disjoint elements of it.
-#[derive(Clone, Copy)]
-pub(crate) struct OutPtr(*mut f32);
-// SAFETY: every tile writes only its own columns (a disjoint set of elements), and the buffer
-// outlives the parallel loop that uses it.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// Element `i` of the buffer. Going through a method (not the field) makes closures capture
-    /// the whole `Send` wrapper rather than the raw pointer inside it.
-    #[inline(always)]
-    pub(crate) fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
 }
 
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
@@ -162,7 +156,6 @@ fn tiled_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) {
 /// (`qgemm_q8`), bf16 activations against bf16 weights (`bgemm_bf16`). Returns false (and
 /// writes nothing) for other weights, which the exact kernel takes.
 fn fast_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) -> bool {
-    use super::{bgemm_bf16, qgemm_q8};
     thread_local! {
         static Q8_TILE: RefCell<qgemm_q8::Tile> = RefCell::new(qgemm_q8::Tile::default());
         static BF16_TILE: RefCell<bgemm_bf16::Tile> = RefCell::new(bgemm_bf16::Tile::default());
@@ -170,8 +163,8 @@ fn fast_gemm(xs: &[f32], m: usize, w: &WeightRows, out: &mut [f32], isa: Isa) ->
     let (n, k) = (w.rows(), w.cols());
     let dst = OutPtr(out.as_mut_ptr());
     if let Some(a4) = w.affine4().filter(qgemm_q8::applies) {
-        let q = super::qmatvec_q8::quantize(xs, m, k);
-        let groups = k / super::qmatvec_q8::GROUP;
+        let q = qmatvec_q8::quantize(xs, m, k);
+        let groups = k / qmatvec_q8::GROUP;
         for_each_tile(n, qgemm_q8::NR, m * n * k, |r0, cols| {
             Q8_TILE.with(|t| {
                 let mut t = t.borrow_mut();
@@ -250,31 +243,31 @@ fn matvec_chunks<'a>(
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let (n, k) = (w.rows(), w.cols());
     if let (Some(wb), Numerics::Fast) = (w.bf16_dense(), numerics) {
-        let x = super::bgemm_bf16::round_input(xs, m, k, false);
+        let x = bgemm_bf16::round_input(xs, m, k, false);
         // SAFETY: `isa` is what the CPU has; `dst` is m x n and each chunk writes only its
         // own columns.
         return Box::new(move |r0, r1| unsafe {
-            super::bmatvec_bf16::rows(&x, wb, k, n, r0, r1, isa, dst)
+            bmatvec_bf16::rows(&x, wb, k, n, r0, r1, isa, dst)
         });
     }
     if let Some(a4) = w.affine4() {
-        if numerics == Numerics::Fast && a4.group == super::qmatvec_q8::GROUP {
-            let q = super::qmatvec_q8::quantize(xs, m, k);
+        if numerics == Numerics::Fast && a4.group == qmatvec_q8::GROUP {
+            let q = qmatvec_q8::quantize(xs, m, k);
             // SAFETY: `dst` is m x n and each chunk writes only its own columns.
             return Box::new(move |r0, r1| unsafe {
-                super::qmatvec_q8::rows(&a4, r0, r1, &q, isa, n, dst)
+                qmatvec_q8::rows(&a4, r0, r1, &q, isa, n, dst)
             });
         }
         #[cfg(target_arch = "x86_64")]
         if isa.avx2 {
-            let xsum = super::qmatvec_avx2::group_sums(xs, m, k, a4.group);
+            let xsum = qmatvec_avx2::group_sums(xs, m, k, a4.group);
             return Box::new(move |r0, r1| {
                 let mut row = [0.0f32; DECODE_MAX_M];
                 for r in r0..r1 {
-                    a4.prefetch_ahead(r, k);
+                    out::prefetch_affine4(&a4, r, k);
                     // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums,
                     // and r < n.
-                    unsafe { super::qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
+                    unsafe { qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
                     for (i, &v) in row[..m].iter().enumerate() {
                         // SAFETY: column r belongs to this chunk alone.
                         unsafe { *dst.at(i * n + r) = v };
@@ -287,7 +280,7 @@ fn matvec_chunks<'a>(
     if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
         // SAFETY: AVX2 (and AVX-512 when asked) is present; each chunk writes only its columns.
         return Box::new(move |r0, r1| unsafe {
-            super::matvec_bf16::rows(isa.avx512, xs, m, k, wb, n, r0, r1, dst)
+            matvec_bf16::rows(isa.avx512, xs, m, k, wb, n, r0, r1, dst)
         });
     }
     Box::new(move |r0, r1| {
@@ -393,7 +386,7 @@ unsafe fn matvec_rows<const AVX2: bool>(
         }
         for (i, a) in acc.iter().enumerate() {
             // SAFETY: (i, r) is inside the m x n output and column r belongs to this chunk.
-            unsafe { *dst.at(i * n + r) = super::tree_sum(*a) };
+            unsafe { *dst.at(i * n + r) = crate::cpu::tree_sum(*a) };
         }
     }
 }

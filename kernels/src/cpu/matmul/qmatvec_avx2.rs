@@ -8,8 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use super::dequant::Affine4;
-use super::matmul::DECODE_MAX_M;
+use super::out::DECODE_MAX_M;
+use crate::quant::decode::Affine4;
 
 /// Σx over each group of each input row: `[m, k / group]`, summed left to right.
 pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
