@@ -1,6 +1,7 @@
 //! Device compute for the engine: one `Tensor` type, one op list (`ops`), and a backend per
 //! device. Models call `ops::*`; backends never know what a model is.
 
+mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

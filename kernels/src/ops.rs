@@ -1,20 +1,27 @@
 //! The op set: every op a model may call, in one list. Each checks shapes and dtypes, then
-//! dispatches on the device. All activations are f32; weights may be any `Weight` format.
+//! runs on the backend of its inputs' device (`backend::on`; the trait `backend::Backend`
+//! lists what every backend implements). All activations are f32; weights may be any `Weight`
+//! format.
 //!
 //! Determinism: every CPU op splits work over output elements only, so results are
 //! bit-identical for any thread count.
 
+use crate::backend::{devices, on, Gdn};
 use crate::error::{shape_err, Result};
+use crate::params::Unary;
 pub use crate::params::{AttnParams, RopeLayout};
 use crate::{cpu, Tensor, Weight};
 
 mod moe;
-pub use moe::{
-    expert_rows, gather_matmul, moe_combine, moe_route, moe_route_sigmoid, MoeRoutes, Routing,
-};
+pub use moe::{gather_matmul, moe_combine, moe_route, moe_route_sigmoid, MoeRoutes, Routing};
 
 /// `x @ wᵀ`: `x` is `[.., K]` f32, `w` is `[N, K]` in any weight format; returns `[.., N]`.
 pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
+    check_matmul(x, w)?;
+    on(devices(&[x]).chain([w.device()])).matmul(x, w)
+}
+
+fn check_matmul(x: &Tensor, w: &Weight) -> Result<()> {
     let k = x.dim(-1);
     if w.cols() != k {
         return shape_err(
@@ -26,25 +33,17 @@ pub fn matmul(x: &Tensor, w: &Weight) -> Result<Tensor> {
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) || w.device() == crate::Device::Mlx {
-        return crate::mlx::ops::matmul(x, w);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) || w.device() == crate::Device::Cuda {
-        return crate::cuda::matmul(x, w);
-    }
-    cpu::matmul::matmul(x, w)
+    Ok(())
 }
 
 /// [`matmul`] of `x` against each of `ws` (one layer's projections of the same input). Each
 /// result is bit-identical to its own [`matmul`]; on the CPU, decode-sized inputs run all the
 /// products in one parallel loop (fewer thread hand-offs per decode step).
 pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
-    if x.device() == crate::Device::Cpu && ws.iter().all(|w| w.device() == crate::Device::Cpu) {
-        return cpu::matmul::matmul_many(x, ws);
+    for w in ws {
+        check_matmul(x, w)?;
     }
-    ws.iter().map(|w| matmul(x, w)).collect()
+    on(devices(&[x]).chain(ws.iter().map(|w| w.device()))).matmul_many(x, ws)
 }
 
 /// [`matmul`] for `x` `[M, K]` whose rows are separate sequences (a batched decode step): each
@@ -85,15 +84,7 @@ pub fn embedding(w: &Weight, ids: &[u32]) -> Result<Tensor> {
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if w.device() == crate::Device::Mlx {
-        return crate::mlx::more::embedding(w, ids);
-    }
-    #[cfg(feature = "cuda")]
-    if w.device() == crate::Device::Cuda {
-        return crate::cuda::embedding(w, ids);
-    }
-    cpu::matmul::embedding(w, ids)
+    on([w.device()]).embedding(w, ids)
 }
 
 /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) · w` (`w` of any float dtype,
@@ -118,15 +109,7 @@ pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<Tensor> {
             );
         }
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::ops::rms_norm(x, w, eps);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::rms_norm(x, w, eps);
-    }
-    cpu::norm::rms_norm(x, w, eps)
+    on(devices(&[x])).rms_norm(x, w, eps)
 }
 
 /// Rotary embedding on `x` `[T, H, D]`: the first `2·inv_freq.len()` dims of each head are
@@ -137,6 +120,11 @@ pub fn rope(
     inv_freq: &[f32],
     layout: RopeLayout,
 ) -> Result<Tensor> {
+    check_rope(x, positions, inv_freq)?;
+    on(devices(&[x])).rope(x, positions, inv_freq, None, layout)
+}
+
+fn check_rope(x: &Tensor, positions: &[usize], inv_freq: &[f32]) -> Result<()> {
     if x.dims() != 3 || positions.len() != x.dim(0) || 2 * inv_freq.len() > x.dim(2) {
         return shape_err(
             "rope",
@@ -148,15 +136,7 @@ pub fn rope(
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::ops::rope(x, positions, inv_freq, layout);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::rope(x, positions, inv_freq, layout);
-    }
-    cpu::rope::rope(x, positions, inv_freq, layout)
+    Ok(())
 }
 
 /// [`rope`] for the plain `θ^(−2i/dims)` frequencies, with `θ` given too: the CPU path uses
@@ -170,14 +150,8 @@ pub fn rope_with_base(
     base: Option<f32>,
     layout: RopeLayout,
 ) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if let (Some(base), true) = (base, on_mlx(&[x])) {
-        if x.dims() == 3 && positions.len() == x.dim(0) && 2 * inv_freq.len() <= x.dim(2) {
-            return crate::mlx::ops::rope_base(x, positions, inv_freq.len(), base, layout);
-        }
-    }
-    let _ = base;
-    rope(x, positions, inv_freq, layout)
+    check_rope(x, positions, inv_freq)?;
+    on(devices(&[x])).rope(x, positions, inv_freq, base, layout)
 }
 
 /// Causal GQA attention. `q` is `[T, Hq, D]`; `k`, `v` are caches `[Hk, Cap, D]` of which
@@ -186,15 +160,7 @@ pub fn rope_with_base(
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
     let fits = k.dims() == 3 && p.kv_len <= k.dim(1);
     check_attention("attention", (q, k, v), p, fits, String::new)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[q, k, v]) {
-        return crate::mlx::more::attention(q, k, v, p);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[q, k, v]) {
-        return crate::cuda::attention(q, k, v, p);
-    }
-    cpu::attention::attention(q, k, v, p)
+    on(devices(&[q, k, v])).attention(q, k, v, p)
 }
 
 /// The checks both attention ops share: shapes (`q` `[T, Hq, D]`, `k` = `v` `[Hk, _, D]`,
@@ -259,18 +225,7 @@ pub fn attention_paged(
         && table.iter().all(|&b| (b as usize) < k.dim(1) / block);
     let layout = || format!(", {} table entries in blocks of {block}", table.len());
     check_attention("attention_paged", (q, k, v), p, table_ok, layout)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[q, k, v]) {
-        return crate::mlx::more::attention_paged(q, k, v, (table, block), p);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[q, k, v]) {
-        return crate::error::invalid(
-            "attention_paged",
-            "paged KV is not implemented on the native CUDA backend yet; use flat KV there",
-        );
-    }
-    cpu::attention::attention_paged(q, k, v, (table, block), p)
+    on(devices(&[q, k, v])).attention_paged(q, k, v, (table, block), p)
 }
 
 /// Writes `new` `[T, Hk, D]` into a cache `[Hk, Cap, D]` at positions `pos..pos+T`.
@@ -290,106 +245,46 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[cache, new]) {
-        return crate::mlx::more::kv_write(cache, new, pos);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[cache, new]) {
-        return crate::cuda::kv_write(cache, new, pos);
-    }
-    cpu::attention::kv_write(cache, new, pos)
+    on(devices(&[cache, new])).kv_write(cache, new, pos)
 }
 
 /// Softmax over the last dimension. A row that is all `-inf` (fully masked) gives zeros.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     need_rows("softmax", x)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::ops::softmax(x);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::softmax(x);
-    }
-    cpu::unary::softmax(x)
+    on(devices(&[x])).softmax(x)
 }
 
 /// Log-softmax over the last dimension, computed in f64 for exact-looking logprobs. A row
 /// that is all `-inf` stays all `-inf`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     need_rows("log_softmax", x)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::log_softmax(x);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::log_softmax(x);
-    }
-    cpu::unary::log_softmax(x)
+    on(devices(&[x])).log_softmax(x)
+}
+
+fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
+    on(devices(&[x])).unary(x, f)
 }
 
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::ops::silu(x);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::unary(x, crate::cuda::Unary::Silu);
-    }
-    cpu::unary::map(x, cpu::unary::silu)
+    unary(x, Unary::Silu)
 }
 
 /// GELU, tanh approximation.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::unary(x, crate::mlx::more::Unary::GeluTanh);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::unary(x, crate::cuda::Unary::GeluTanh);
-    }
-    cpu::unary::map(x, cpu::unary::gelu_tanh)
+    unary(x, Unary::GeluTanh)
 }
 
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Sigmoid);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::unary(x, crate::cuda::Unary::Sigmoid);
-    }
-    cpu::unary::map(x, cpu::unary::sigmoid)
+    unary(x, Unary::Sigmoid)
 }
 
 pub fn softplus(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Softplus);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::unary(x, crate::cuda::Unary::Softplus);
-    }
-    cpu::unary::map(x, cpu::unary::softplus)
+    unary(x, Unary::Softplus)
 }
 
 /// `x · s`.
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Scale(s));
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::scale(x, s);
-    }
-    cpu::unary::map(x, move |v| v * s)
+    unary(x, Unary::Scale(s))
 }
 
 /// `c·tanh(x/c)`: logits squashed smoothly into `(−c, c)` (Gemma's final soft cap).
@@ -397,43 +292,17 @@ pub fn softcap(x: &Tensor, c: f32) -> Result<Tensor> {
     if !(c.is_finite() && c > 0.0) {
         return crate::error::invalid("softcap", "the cap must be a positive finite number");
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::unary(x, crate::mlx::more::Unary::Softcap(c));
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::unary(x, crate::cuda::Unary::Softcap(c));
-    }
-    cpu::unary::map(x, move |v| cpu::unary::softcap(v, c))
+    unary(x, Unary::Softcap(c))
 }
 
 /// `a + b`; `b` may be broadcast over leading dims (its shape a suffix of `a`'s).
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[a, b]) {
-        need_suffix("add", a, b)?;
-        return crate::mlx::ops::add(a, b);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[a, b]) {
-        return crate::cuda::add(a, b);
-    }
-    cpu::binary::binary("add", a, b, |x, y| x + y)
+    on(devices(&[a, b])).add(a, b)
 }
 
 /// `a · b`; `b` may be broadcast over leading dims (its shape a suffix of `a`'s).
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[a, b]) {
-        need_suffix("mul", a, b)?;
-        return crate::mlx::ops::mul(a, b);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[a, b]) {
-        return crate::cuda::mul(a, b);
-    }
-    cpu::binary::binary("mul", a, b, |x, y| x * y)
+    on(devices(&[a, b])).mul(a, b)
 }
 
 /// `silu(gate) · up`, the SwiGLU activation (fused: one pass, no temporary). Both halves
@@ -445,82 +314,27 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             format!("gate {:?} and up {:?} differ", gate.shape(), up.shape()),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[gate, up]) {
-        return crate::mlx::more::swiglu(gate, up);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[gate, up]) {
-        return crate::cuda::swiglu(gate, up);
-    }
-    cpu::binary::binary("swiglu", gate, up, |g, u| cpu::unary::silu(g) * u)
+    on(devices(&[gate, up])).swiglu(gate, up)
 }
 
 /// Index of the largest element of each row of `x` `[.., N]`; ties go to the lower index and
 /// NaN never wins (an all-NaN row gives 0).
 pub fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     need_rows("argmax", x)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::argmax(x);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::argmax(x);
-    }
-    crate::select::argmax(x)
+    on(devices(&[x])).argmax(x)
 }
 
 /// The `k` largest `(index, value)` of a 1-D `x`, best first; ties go to the lower index, NaN
 /// ranks below `-inf`, and `k > N` gives all `N`.
 pub fn top_k(x: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x]) {
-        return crate::mlx::more::top_k(x, k);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::top_k(x, k);
-    }
-    crate::select::top_k(x, k)
+    on(devices(&[x])).top_k(x, k)
 }
 
 /// Whether every element of an f32 tensor is finite. On a GPU the check runs there and only
 /// the verdict comes back (the chunked Gated DeltaNet's fallback test, once per layer).
 pub fn all_finite(x: &Tensor) -> Result<bool> {
     need_f32("all_finite", "x", x)?;
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x]) {
-        return crate::cuda::all_finite(x);
-    }
-    // f32 on the host (MLX's native path hands on bf16; widening keeps finiteness).
-    let host = x.to_device(crate::Device::Cpu)?.to_f32()?;
-    Ok(host.f32s()?.iter().all(|v| v.is_finite()))
-}
-
-/// Whether an op runs on MLX: any input on MLX moves the op there (host inputs are copied in).
-#[cfg(feature = "mlx")]
-fn on_mlx(inputs: &[&Tensor]) -> bool {
-    inputs.iter().any(|t| t.device() == crate::Device::Mlx)
-}
-
-/// Whether an op runs on CUDA: any input on the GPU moves the op there (host inputs, such as a
-/// fresh cache or state, are copied in and stay there).
-#[cfg(feature = "cuda")]
-fn on_cuda(inputs: &[&Tensor]) -> bool {
-    inputs.iter().any(|t| t.device() == crate::Device::Cuda)
-}
-
-/// The broadcast rule of `add`/`mul`: `b`'s shape is a suffix of `a`'s.
-#[cfg(feature = "mlx")]
-fn need_suffix(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if !a.shape().ends_with(b.shape()) {
-        return shape_err(
-            op,
-            format!("{:?} cannot broadcast to {:?}", b.shape(), a.shape()),
-        );
-    }
-    Ok(())
+    on(devices(&[x])).all_finite(x)
 }
 
 /// Row-wise ops work over the last dimension, which a 0-d tensor does not have.
@@ -556,15 +370,7 @@ pub fn gdn_gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> 
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[a, a_log, dt_bias]) {
-        return crate::mlx::more::gdn_gate(a, a_log, dt_bias);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[a, a_log, dt_bias]) {
-        return crate::cuda::gdn_gate(a, a_log, dt_bias);
-    }
-    cpu::gdn::gate(a, a_log, dt_bias)
+    on(devices(&[a, a_log, dt_bias])).gdn_gate(a, a_log, dt_bias)
 }
 
 /// The per-step Gated DeltaNet recurrence (reference and decode path). `q, k` `[T, Hk, Dk]`
@@ -580,20 +386,14 @@ pub fn gdn_recurrent(
     state: &mut Tensor,
 ) -> Result<Tensor> {
     gdn_check("gdn_recurrent", q, k, v, g_log, beta, state)?;
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[q, k, v, g_log, beta, state]) {
-        // On the GPU a Metal kernel keeps the state in registers across all steps.
-        #[cfg(feature = "metal")]
-        if crate::mlx::metal::on_gpu() {
-            return crate::mlx::metal::gdn_recurrent(q, k, v, g_log, beta, state);
-        }
-        return crate::mlx::more::gdn_recurrent(q, k, v, g_log, beta, state);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[q, k, v, g_log, beta, state]) {
-        return crate::cuda::gdn_recurrent(q, k, v, g_log, beta, state);
-    }
-    cpu::gdn::recurrent(q, k, v, g_log, beta, state)
+    let g = Gdn {
+        q,
+        k,
+        v,
+        g_log,
+        beta,
+    };
+    on(devices(&[q, k, v, g_log, beta, state])).gdn_recurrent(g, state)
 }
 
 /// Same contract as [`gdn_recurrent`], computed chunk by chunk (`chunk` tokens at a time, see
@@ -612,15 +412,14 @@ pub fn gdn_chunked(
     if chunk == 0 {
         return crate::error::invalid("gdn_chunked", "chunk length must be at least 1");
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[q, k, v, g_log, beta, state]) {
-        return crate::mlx::gdn::gdn_chunked(q, k, v, g_log, beta, state, chunk);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[q, k, v, g_log, beta, state]) {
-        return crate::cuda::gdn_chunked(q, k, v, g_log, beta, state, chunk);
-    }
-    cpu::gdn::chunked(q, k, v, g_log, beta, state, chunk)
+    let g = Gdn {
+        q,
+        k,
+        v,
+        g_log,
+        beta,
+    };
+    on(devices(&[q, k, v, g_log, beta, state])).gdn_chunked(g, state, chunk)
 }
 
 /// Depthwise causal conv over time: `x` `[T, C]`, `weight` `[C, K]` (any float dtype; reshape
@@ -651,15 +450,7 @@ pub fn causal_conv1d(
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if on_mlx(&[x, weight, state]) {
-        return crate::mlx::more::causal_conv1d(x, weight, state, silu);
-    }
-    #[cfg(feature = "cuda")]
-    if on_cuda(&[x, weight, state]) {
-        return crate::cuda::causal_conv1d(x, weight, state, silu);
-    }
-    cpu::gdn::causal_conv1d(x, weight, state, silu)
+    on(devices(&[x, weight, state])).causal_conv1d(x, weight, state, silu)
 }
 
 /// Shapes and dtypes shared by the two GDN paths.

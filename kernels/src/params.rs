@@ -27,3 +27,18 @@ pub struct AttnParams {
 /// changes no decay, while sums of millions of such terms (a chunk's cumulative decay) stay
 /// finite.
 pub const GATE_FLOOR: f32 = -1e30;
+
+/// The elementwise activations of the op list (`ops::silu`, `ops::sigmoid`, ...), as every
+/// backend's `unary` takes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+    Sigmoid,
+    Softplus,
+    /// `x · s`.
+    Scale(f32),
+    /// `c·tanh(x/c)`.
+    Softcap(f32),
+}

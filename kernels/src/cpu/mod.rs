@@ -19,6 +19,7 @@ macro_rules! by_rows {
 
 pub mod attention;
 mod attention_decode;
+mod backend;
 pub mod binary;
 pub mod gdn;
 pub mod isa;
@@ -29,6 +30,7 @@ pub mod pool;
 pub mod rope;
 pub mod unary;
 
+pub(crate) use backend::Cpu;
 use rayon::prelude::*;
 
 /// How far ahead of the row being computed the 4-bit decode matvec asks for weight bytes. One

@@ -5,19 +5,10 @@ use super::launch::{elements, int};
 use super::sources::ELEMENTWISE;
 use super::{empty, f32_on_device, make_mut, on_device, ptr, read_back, zeros};
 use crate::error::{shape_err, Result};
+use crate::params::Unary;
 use crate::{DType, Tensor};
 
-/// The unary kernel's ops, numbered as `elementwise.cu`'s `UNARY_*`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Unary {
-    Silu,
-    GeluTanh,
-    Sigmoid,
-    Softplus,
-    Scale(f32),
-    Softcap(f32),
-}
-
+/// The unary kernel, its ops numbered as `elementwise.cu`'s `UNARY_*`.
 pub(crate) fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
     let x = f32_on_device("unary", x)?;
     let out = empty(x.shape(), DType::F32)?;
@@ -40,10 +31,6 @@ pub(crate) fn unary(x: &Tensor, op: Unary) -> Result<Tensor> {
         )?;
     }
     Ok(out)
-}
-
-pub(crate) fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
-    unary(x, Unary::Scale(s))
 }
 
 /// `f(a, b)` with `b`'s shape a suffix of `a`'s (broadcast over the leading dims).

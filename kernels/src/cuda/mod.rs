@@ -11,6 +11,7 @@
 //! - the driver, NVRTC and cuBLAS are loaded at run time (cudarc's dynamic loading), so this
 //!   builds on machines without CUDA; [`probe`] says whether it can run here.
 
+mod backend;
 mod blas;
 mod context;
 mod elementwise;
@@ -21,10 +22,9 @@ mod rows;
 mod signature;
 pub mod sources;
 
+pub(crate) use backend::Cuda;
 pub use context::{device_name, probe};
-pub(crate) use elementwise::{
-    add, all_finite, kv_write, moe_combine, mul, narrow, scale, swiglu, unary, Unary,
-};
+pub(crate) use elementwise::{add, all_finite, kv_write, moe_combine, mul, narrow, swiglu, unary};
 pub(crate) use gdn::{causal_conv1d, gdn_chunked, gdn_gate, gdn_recurrent};
 pub(crate) use matmul::{embedding, matmul, resident_weight};
 pub(crate) use rows::{argmax, attention, log_softmax, rms_norm, rope, softmax, top_k};

@@ -3,6 +3,7 @@
 //! when the host needs its values (`Tensor::to_device(Device::Cpu)`), so a chain of ops runs as
 //! one graph.
 
+mod backend;
 pub mod device;
 pub mod gdn;
 #[cfg(feature = "metal")]
@@ -10,6 +11,8 @@ pub mod metal;
 pub mod moe;
 pub mod more;
 pub mod ops;
+
+pub(crate) use backend::Mlx;
 
 use std::sync::{Arc, Mutex};
 

@@ -7,7 +7,7 @@ use mlx_rs::{ops as mx, Array};
 use super::ops::{act_array, dequantize, f32_array, quant_arrays, slice, slice_update};
 use super::{download, mlx_err, tensor_of};
 use crate::error::Result;
-use crate::params::AttnParams;
+use crate::params::{AttnParams, Unary};
 use crate::{Tensor, Weight};
 
 /// Shorthand: MLX errors become `Error::Invalid` naming the op.
@@ -304,22 +304,13 @@ pub fn kv_write(cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     Ok(())
 }
 
-/// Which elementwise op [`unary`] applies.
-#[derive(Clone, Copy)]
-pub enum Unary {
-    Sigmoid,
-    Softplus,
-    GeluTanh,
-    Scale(f32),
-    Softcap(f32),
-}
-
 /// Elementwise activations, in the stable forms the CPU path uses.
 pub fn unary(x: &Tensor, f: Unary) -> Result<Tensor> {
     let op = "unary";
     let xa = act_array(op, x)?;
     let k = |v: f32| scalar_as(op, v, &xa);
     let y = match f {
+        Unary::Silu => return super::ops::silu(x),
         Unary::Sigmoid => m!(op, mx::sigmoid(&xa)),
         // max(x, 0) + log1p(e^-|x|): no overflow, no loss of tiny results.
         Unary::Softplus => {

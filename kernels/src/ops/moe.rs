@@ -8,6 +8,7 @@
 //! its rows; MLX runs its own `gather_mm` / `gather_qmm`, which index the stacked weight.
 
 use super::{need_f32, shape_err};
+use crate::backend::{devices, on};
 use crate::{cpu, Result, Tensor, Weight};
 
 /// Where each token goes: `experts` and `weights` are `[T·k]`, token-major, best first.
@@ -152,68 +153,7 @@ pub fn gather_matmul(
             ),
         );
     }
-    #[cfg(feature = "mlx")]
-    if super::on_mlx(&[x]) || w.device() == crate::Device::Mlx {
-        return crate::mlx::moe::gather_matmul(x, w, experts, rows, ids);
-    }
-    grouped_matmul(x, w, experts, rows, ids)
-}
-
-/// [`gather_matmul`] from ops every backend has: for each used expert (ascending), gather its
-/// pairs' input rows, multiply by a view of the expert's rows, and write the block into a
-/// buffer in expert order; one last gather puts the pairs back in their own order. Each step
-/// is deterministic, so the result is too.
-fn grouped_matmul(
-    x: &Tensor,
-    w: &Weight,
-    experts: usize,
-    rows: &[u32],
-    ids: &[u32],
-) -> Result<Tensor> {
-    let n = w.rows() / experts;
-    let mut order: Vec<usize> = (0..ids.len()).collect();
-    order.sort_by_key(|&p| ids[p]);
-    // The input as a table of rows, so `embedding` gathers them on the input's device.
-    let table = Weight::Dense(x.clone());
-    let mut buf = Tensor::zeros(&[1, ids.len(), n]).to_device(x.device())?;
-    let mut at = 0;
-    while at < order.len() {
-        let e = ids[order[at]] as usize;
-        let len = order[at..]
-            .iter()
-            .take_while(|&&p| ids[p] as usize == e)
-            .count();
-        let picked: Vec<u32> = order[at..at + len].iter().map(|&p| rows[p]).collect();
-        let xe = super::embedding(&table, &picked)?;
-        let ye = super::matmul(&xe, &expert_rows(w, e * n, n)?)?;
-        super::kv_write(&mut buf, &ye.reshape(&[len, 1, n])?, at)?;
-        at += len;
-    }
-    // Pair p sits at position inverse[p] of the expert-ordered buffer.
-    let mut inverse = vec![0u32; order.len()];
-    for (pos, &p) in order.iter().enumerate() {
-        inverse[p] = pos as u32;
-    }
-    super::embedding(&Weight::Dense(buf.reshape(&[ids.len(), n])?), &inverse)
-}
-
-/// Rows `start..start+len` of a weight in any format, as a view (no copy).
-pub fn expert_rows(w: &Weight, start: usize, len: usize) -> Result<Weight> {
-    Ok(match w {
-        Weight::Dense(t) => Weight::Dense(t.narrow0(start, len)?),
-        Weight::Quant(q) => Weight::Quant(crate::QuantWeight {
-            spec: q.spec,
-            rows: len,
-            cols: q.cols,
-            packed: q.packed.narrow0(start, len)?,
-            scales: q.scales.narrow0(start, len)?,
-            biases: q
-                .biases
-                .as_ref()
-                .map(|b| b.narrow0(start, len))
-                .transpose()?,
-        }),
-    })
+    on(devices(&[x]).chain([w.device()])).gather_matmul(x, w, experts, rows, ids)
 }
 
 /// `out[t] = Σ_j weights[t·k + j] · y[t·k + j]` over the `k` routed experts of token `t` (in
@@ -250,13 +190,5 @@ pub fn moe_combine(
         need_f32("moe_combine", "shared", s)?;
         need_f32("moe_combine", "scale", g)?;
     }
-    #[cfg(feature = "mlx")]
-    if super::on_mlx(&[y]) {
-        return crate::mlx::moe::combine(y, weights, top_k, shared);
-    }
-    #[cfg(feature = "cuda")]
-    if super::on_cuda(&[y]) {
-        return crate::cuda::moe_combine(y, weights, top_k, shared);
-    }
-    cpu::moe::combine(y, weights, top_k, shared)
+    on(devices(&[y])).moe_combine(y, weights, top_k, shared)
 }

@@ -208,6 +208,26 @@ pub enum Weight {
 }
 
 impl Weight {
+    /// Rows `start..start+len` of the matrix in its own format, as a view (no copy): one
+    /// expert of a stacked expert weight.
+    pub fn rows_view(&self, start: usize, len: usize) -> Result<Weight> {
+        Ok(match self {
+            Weight::Dense(t) => Weight::Dense(t.narrow0(start, len)?),
+            Weight::Quant(q) => Weight::Quant(QuantWeight {
+                spec: q.spec,
+                rows: len,
+                cols: q.cols,
+                packed: q.packed.narrow0(start, len)?,
+                scales: q.scales.narrow0(start, len)?,
+                biases: q
+                    .biases
+                    .as_ref()
+                    .map(|b| b.narrow0(start, len))
+                    .transpose()?,
+            }),
+        })
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             Weight::Dense(t) => t.dim(0),
