@@ -133,6 +133,41 @@ impl ModelConfig {
         }
     }
 
+    /// `layer_types` as one of `kinds` per layer, `None` when the config has no such field.
+    pub fn layer_types<T: Copy>(
+        &self,
+        layers: usize,
+        kinds: &[(&str, T)],
+    ) -> Result<Option<Vec<T>>> {
+        let Some(v) = self.opt("layer_types") else {
+            return Ok(None);
+        };
+        let file = self.path();
+        let Some(types) = v.as_array().filter(|t| t.len() == layers) else {
+            anyhow::bail!(
+                "{}: field `layer_types` must be a list of {layers} layer kinds",
+                file.display()
+            );
+        };
+        let names: Vec<&str> = kinds.iter().map(|k| k.0).collect();
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let kind = kinds.iter().find(|k| Some(k.0) == t.as_str());
+                kind.map(|k| k.1).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}: field `layer_types[{i}]` = {} is not a layer kind ({})",
+                        file.display(),
+                        short(t),
+                        names.join(", ")
+                    )
+                })
+            })
+            .collect::<Result<Vec<T>>>()
+            .map(Some)
+    }
+
     /// `eos_token_id` as an int or a list, from the text config or the root; entries that are
     /// not token ids are ignored (generation_config.json and the tokenizer add theirs too).
     pub fn eos_token_ids(&self) -> Vec<u32> {

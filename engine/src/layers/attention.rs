@@ -1,8 +1,10 @@
 use anyhow::Result;
 use kernels::{ops, ops::AttnParams, Tensor};
 
+use super::params::params;
 use super::{Linear, RmsNorm, Rope};
 use crate::cache::KvCache;
+use crate::weights::Scope;
 
 #[derive(Debug, Clone)]
 pub struct AttentionConfig {
@@ -12,6 +14,38 @@ pub struct AttentionConfig {
     pub scale: f32,
     pub window: Option<usize>,
     pub softcap: Option<f32>,
+}
+
+/// What a family's attention looks like: its shape and what it adds to the plain projections.
+#[derive(Debug, Clone)]
+pub struct AttentionSpec {
+    pub cfg: AttentionConfig,
+    pub hidden: usize,
+    pub rope: Rope,
+    /// Biases on all four projections (Llama's `attention_bias`).
+    pub bias: bool,
+    /// Names of the per-head q/k RMSNorms, when the family has them.
+    pub qk_norm: Option<[&'static str; 2]>,
+    pub eps: f32,
+    /// The output projection's name (`o_proj`; LFM2's `out_proj`).
+    pub out: &'static str,
+    /// `q_proj` yields `[query | gate]` per head (Qwen3.5).
+    pub output_gate: bool,
+}
+
+impl AttentionConfig {
+    /// `heads` query heads over `kv_heads` K/V heads of `head_dim`, scaled by `1/√head_dim`,
+    /// attending to every earlier position.
+    pub fn gqa(heads: usize, kv_heads: usize, head_dim: usize) -> AttentionConfig {
+        AttentionConfig {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
 }
 
 /// Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and an optional
@@ -31,20 +65,30 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
-    /// Moves the weights to `device` once (at load), so no op copies them per call.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        for l in [
-            &mut self.q_proj,
-            &mut self.k_proj,
-            &mut self.v_proj,
-            &mut self.o_proj,
-        ] {
-            l.to_device(device)?;
-        }
-        for n in [&mut self.q_norm, &mut self.k_norm].into_iter().flatten() {
-            n.to_device(device)?;
-        }
-        Ok(())
+    /// Loads the projections (and per-head norms) under `s` (e.g. `model.layers.0.self_attn`).
+    pub fn load(s: &Scope, spec: AttentionSpec) -> Result<GqaAttention> {
+        let AttentionConfig {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } = spec.cfg;
+        let hidden = spec.hidden;
+        let q_rows = heads * head_dim * if spec.output_gate { 2 } else { 1 };
+        let lin = |name: &str, out, inp| s.pp(name).linear_with_bias(out, inp, spec.bias);
+        let norm = |name: Option<&str>| name.map(|n| s.pp(n).norm(head_dim, spec.eps)).transpose();
+        let [q_norm, k_norm] = spec.qk_norm.map_or([None, None], |n| n.map(Some));
+        Ok(GqaAttention {
+            q_proj: lin("q_proj", q_rows, hidden)?,
+            k_proj: lin("k_proj", kv_heads * head_dim, hidden)?,
+            v_proj: lin("v_proj", kv_heads * head_dim, hidden)?,
+            o_proj: lin(spec.out, hidden, heads * head_dim)?,
+            q_norm: norm(q_norm)?,
+            k_norm: norm(k_norm)?,
+            cfg: spec.cfg,
+            rope: spec.rope,
+            output_gate: spec.output_gate,
+        })
     }
 
     /// `x` is `[T, hidden]` at absolute positions `cache.pos() ..`; appends to the cache.
@@ -137,6 +181,8 @@ impl GqaAttention {
         proj(&self.o_proj, &o)
     }
 }
+
+params!(GqaAttention: q_proj, k_proj, v_proj, o_proj, q_norm, k_norm);
 
 /// Splits `[N, 2, D]` into its two `[N, D]` halves (on whatever device `x` lives).
 fn split_pairs(x: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{ensure, Result};
 use kernels::{ops, Tensor};
 
+use super::params::params;
 use super::{Linear, RmsNorm};
 use crate::cache::RecurrentState;
-use crate::config::QuantConfig;
-use crate::weights::WeightStore;
+use crate::weights::Scope;
 
 /// Forwards of at least this many tokens take the chunked path under [`GdnPath::Auto`]; the
 /// harness's TTFT sweep says where the crossover lies on a given machine.
@@ -160,14 +160,7 @@ impl GatedDeltaNet {
     /// Both layouts use the same names below the prefix; the conv weight may be `[C, 1, K]`
     /// (Hugging Face) or `[C, K, 1]` (mlx-lm moves the kernel axis), both the same bytes as
     /// `[C, K]`.
-    pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
-        cfg: GdnConfig,
-        layer: usize,
-        eps: f32,
-    ) -> Result<GatedDeltaNet> {
+    pub fn load(s: &Scope, cfg: GdnConfig, layer: usize, eps: f32) -> Result<GatedDeltaNet> {
         ensure!(
             cfg.k_heads > 0 && cfg.v_heads.is_multiple_of(cfg.k_heads) && cfg.conv_kernel > 0,
             "layer {layer}: `linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({}), and `linear_conv_kernel_dim` ({}) at least 1",
@@ -175,20 +168,14 @@ impl GatedDeltaNet {
             cfg.k_heads,
             cfg.conv_kernel
         );
-        let lin = |name: &str, out: usize| {
-            Linear::load(store, quant, &format!("{prefix}.{name}"), out, cfg.hidden)
-        };
+        let lin = |name: &str, out: usize| s.pp(name).linear(out, cfg.hidden);
         let c = cfg.conv_channels();
-        let k = cfg.conv_kernel;
         let conv_weight = super::short_conv::depthwise_conv_weight(
-            store,
-            &format!("{prefix}.conv1d.weight"),
+            s.store(),
+            &s.name("conv1d.weight"),
             c,
-            k,
+            cfg.conv_kernel,
         )?;
-        let vec = |name: &str| -> Result<Tensor> {
-            store.f32_tensor(&format!("{prefix}.{name}"), &[cfg.v_heads])
-        };
         Ok(GatedDeltaNet {
             cfg,
             layer,
@@ -197,34 +184,16 @@ impl GatedDeltaNet {
             in_proj_b: lin("in_proj_b", cfg.v_heads)?,
             in_proj_a: lin("in_proj_a", cfg.v_heads)?,
             conv_weight,
-            a_log: vec("A_log")?,
-            dt_bias: vec("dt_bias")?,
-            norm: RmsNorm::load(store, &format!("{prefix}.norm.weight"), cfg.v_dim, eps)?,
-            out_proj: Linear::load(
-                store,
-                quant,
-                &format!("{prefix}.out_proj"),
-                cfg.hidden,
-                cfg.value_width(),
-            )?,
+            a_log: s.f32_tensor("A_log", &[cfg.v_heads])?,
+            dt_bias: s.f32_tensor("dt_bias", &[cfg.v_heads])?,
+            // The gated norm is stored as is in every layout (never as `w − 1`).
+            norm: s
+                .clone()
+                .with_norm_offset(false)
+                .pp("norm")
+                .norm(cfg.v_dim, eps)?,
+            out_proj: s.pp("out_proj").linear(cfg.hidden, cfg.value_width())?,
         })
-    }
-
-    /// Moves the weights to `device` once (at load), so no op copies them per call.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        for l in [
-            &mut self.in_proj_qkv,
-            &mut self.in_proj_z,
-            &mut self.in_proj_b,
-            &mut self.in_proj_a,
-            &mut self.out_proj,
-        ] {
-            l.to_device(device)?;
-        }
-        for t in [&mut self.conv_weight, &mut self.a_log, &mut self.dt_bias] {
-            *t = t.to_device(device)?;
-        }
-        self.norm.to_device(device)
     }
 
     /// Runs `x` `[T, hidden]` after the tokens `state` has seen; updates `state`.
@@ -359,23 +328,9 @@ impl GatedDeltaNet {
         *ssm = before;
         Ok(ops::gdn_recurrent(q, k, v, g_log, beta, ssm)?)
     }
-
-    /// Every loaded weight matrix, for parameter counts and format listings.
-    pub fn linears(&self) -> [&Linear; 5] {
-        [
-            &self.in_proj_qkv,
-            &self.in_proj_z,
-            &self.in_proj_b,
-            &self.in_proj_a,
-            &self.out_proj,
-        ]
-    }
-
-    /// Parameters outside the linear layers (conv taps, A_log, dt_bias, norm).
-    pub fn other_parameters(&self) -> usize {
-        self.conv_weight.numel() + 2 * self.cfg.v_heads + self.cfg.v_dim
-    }
 }
+
+params!(GatedDeltaNet: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv_weight, a_log, dt_bias, norm, out_proj);
 
 /// Checked where the tensor lives (on a GPU only the verdict comes back).
 fn all_finite(t: &Tensor) -> Result<bool> {

@@ -1,8 +1,7 @@
 use anyhow::Result;
 use kernels::{ops, Tensor, Weight};
 
-use crate::config::QuantConfig;
-use crate::weights::WeightStore;
+use super::params::params;
 
 /// A linear layer `y = x·Wᵀ (+ b)` over a weight in any stored format; the optional bias is
 /// widened to f32 once at load.
@@ -13,45 +12,6 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Loads `<prefix>.weight` (plus `.scales`/`.biases` when quantized) as `[out, inp]`.
-    pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
-        out: usize,
-        inp: usize,
-    ) -> Result<Linear> {
-        Ok(Linear {
-            weight: store.weight(prefix, quant.spec_for(prefix), out, inp)?,
-            bias: None,
-        })
-    }
-
-    /// Like `load`, plus `<prefix>.bias` `[out]` when `bias` (e.g. Llama's `attention_bias`).
-    pub fn load_with_bias(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<Linear> {
-        let mut l = Linear::load(store, quant, prefix, out, inp)?;
-        if bias {
-            l.bias = Some(store.f32_tensor(&format!("{prefix}.bias"), &[out])?);
-        }
-        Ok(l)
-    }
-
-    /// Moves the weights to `device` once (at load), so no op copies them per call.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        self.weight = self.weight.to_device(device)?;
-        if let Some(b) = &mut self.bias {
-            *b = b.to_device(device)?;
-        }
-        Ok(())
-    }
-
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.biased(ops::matmul(x, &self.weight)?)
     }
@@ -83,6 +43,8 @@ impl Linear {
         })
     }
 }
+
+params!(Linear: weight, bias);
 
 /// Whether two weights are one stored matrix (tensor clones share their data), as a tied LM
 /// head is the embedding: such a pair must be moved to a device once and shared there.

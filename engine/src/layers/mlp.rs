@@ -1,9 +1,9 @@
 use anyhow::Result;
 use kernels::{ops, Tensor};
 
+use super::params::params;
 use super::Linear;
-use crate::config::QuantConfig;
-use crate::weights::WeightStore;
+use crate::weights::Scope;
 
 /// `down(silu(gate(x)) · up(x))`.
 #[derive(Debug, Clone)]
@@ -13,27 +13,26 @@ pub struct SwiGlu {
     pub down: Linear,
 }
 
+params!(SwiGlu: gate, up, down);
+
 impl SwiGlu {
-    pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
+    /// `gate_proj`, `up_proj` `[inter, hidden]` and `down_proj` `[hidden, inter]` under `s`.
+    pub fn load(s: &Scope, hidden: usize, inter: usize) -> Result<SwiGlu> {
+        SwiGlu::load_named(s, ["gate_proj", "up_proj", "down_proj"], hidden, inter)
+    }
+
+    /// [`SwiGlu::load`] with the three projections named otherwise (LFM2's `w1, w3, w2`).
+    pub fn load_named(
+        s: &Scope,
+        [g, u, d]: [&str; 3],
         hidden: usize,
         inter: usize,
     ) -> Result<SwiGlu> {
         Ok(SwiGlu {
-            gate: Linear::load(store, quant, &format!("{prefix}.gate_proj"), inter, hidden)?,
-            up: Linear::load(store, quant, &format!("{prefix}.up_proj"), inter, hidden)?,
-            down: Linear::load(store, quant, &format!("{prefix}.down_proj"), hidden, inter)?,
+            gate: s.pp(g).linear(inter, hidden)?,
+            up: s.pp(u).linear(inter, hidden)?,
+            down: s.pp(d).linear(hidden, inter)?,
         })
-    }
-
-    /// Moves the weights to `device` once (at load), so no op copies them per call.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        for l in [&mut self.gate, &mut self.up, &mut self.down] {
-            l.to_device(device)?;
-        }
-        Ok(())
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -13,9 +13,9 @@
 use anyhow::{ensure, Result};
 use kernels::{ops, Bytes, Tensor, Weight};
 
+use super::params::{params, Param, Params, Visit};
 use super::{Linear, SwiGlu};
-use crate::config::QuantConfig;
-use crate::weights::WeightStore;
+use crate::weights::{Scope, WeightStore};
 
 /// Widths of one sparse MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +59,15 @@ impl StackedExperts {
     /// there is no `gate_up_proj`, one tensor per expert `{fused}.{e}.{w1,w3,w2}.weight` (gate,
     /// up, down; LFM2-MoE, Mixtral-style). `gelu` selects GeGLU experts (SwiGLU otherwise).
     pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
+        s: &Scope,
         (switch, fused): (&str, &str),
         (e, h, i): (usize, usize, usize),
         gelu: bool,
     ) -> Result<StackedExperts> {
-        let (gate, up, down) = if store.contains(&format!("{switch}.gate_proj.weight")) {
-            let stacked = |name: &str, rows: usize, cols: usize| {
-                let p = format!("{switch}.{name}");
-                store.stacked_weight(&p, quant.spec_for(&p), e, rows, cols)
-            };
+        let store = s.store();
+        let (switch, fused) = (s.pp(switch), s.name(fused));
+        let (gate, up, down) = if switch.contains("gate_proj.weight") {
+            let stacked = |name: &str, rows, cols| switch.pp(name).stacked_weight(e, rows, cols);
             (
                 stacked("gate_proj", i, h)?,
                 stacked("up_proj", i, h)?,
@@ -123,16 +121,14 @@ impl StackedExperts {
             &routes.experts,
         )?)
     }
+}
 
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+impl Params for StackedExperts {
+    fn params(&mut self, f: &mut Visit<'_>) -> Result<()> {
         for w in [&mut self.gate, &mut self.up, &mut self.down] {
-            *w = w.to_device(device)?;
+            f(Param::Matrix { w, expert: true })?;
         }
         Ok(())
-    }
-
-    pub fn weights(&self) -> [&Weight; 3] {
-        [&self.gate, &self.up, &self.down]
     }
 }
 
@@ -148,37 +144,20 @@ pub struct SparseMoe {
 impl SparseMoe {
     /// Loads the block at `prefix` (e.g. `…layers.0.mlp`) in either layout: MLX's
     /// `switch_mlp.*` when present, else the original fused `experts.*`.
-    pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
-        cfg: MoeConfig,
-    ) -> Result<SparseMoe> {
+    pub fn load(s: &Scope, cfg: MoeConfig) -> Result<SparseMoe> {
         let (h, e, i) = (cfg.hidden, cfg.experts, cfg.expert_width);
-        let router = Linear::load(store, quant, &format!("{prefix}.gate"), e, h)?;
-        let experts = StackedExperts::load(
-            store,
-            quant,
-            (
-                &format!("{prefix}.switch_mlp"),
-                &format!("{prefix}.experts"),
-            ),
-            (e, h, i),
-            false,
-        )?;
         let shared = if cfg.shared_width > 0 {
-            let p = format!("{prefix}.shared_expert");
             Some(SharedExpert {
-                mlp: SwiGlu::load(store, quant, &p, h, cfg.shared_width)?,
-                gate: Linear::load(store, quant, &format!("{p}_gate"), 1, h)?,
+                mlp: SwiGlu::load(&s.pp("shared_expert"), h, cfg.shared_width)?,
+                gate: s.pp("shared_expert_gate").linear(1, h)?,
             })
         } else {
             None
         };
         Ok(SparseMoe {
             cfg,
-            router,
-            experts,
+            router: s.pp("gate").linear(e, h)?,
+            experts: StackedExperts::load(s, ("switch_mlp", "experts"), (e, h, i), false)?,
             shared,
         })
     }
@@ -194,35 +173,55 @@ impl SparseMoe {
         let shared = shared.as_ref().map(|(s, g)| (s, g));
         Ok(ops::moe_combine(&y, &routes.weights, c.top_k, shared)?)
     }
+}
 
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        self.router.to_device(device)?;
-        self.experts.to_device(device)?;
-        if let Some(s) = &mut self.shared {
-            s.mlp.to_device(device)?;
-            s.gate.to_device(device)?;
-        }
-        Ok(())
+params!(SharedExpert: mlp, gate);
+params!(SparseMoe: router, experts, shared);
+
+/// The sparse feed-forward of LFM2-MoE: router `gate` `[E, H]` (8-bit in quantized MLX
+/// folders), `sigmoid` scores; the top k by score plus `expert_bias` (f32, for the choice only)
+/// weighted by their unbiased scores, divided by their sum + 1e-6 when `norm_topk_prob`, times
+/// `routed_scaling_factor`; SwiGLU experts.
+#[derive(Debug, Clone)]
+pub struct SigmoidMoe {
+    pub router: Linear,
+    /// Empty without `use_expert_bias`.
+    pub expert_bias: Vec<f32>,
+    pub experts: StackedExperts,
+    pub top_k: usize,
+    pub renormalize: bool,
+    pub scale: f32,
+}
+
+params!(SigmoidMoe: router, expert_bias, experts);
+
+impl SigmoidMoe {
+    /// Loads `gate`, `expert_bias` (when `expert_bias`) and the experts under `s`.
+    pub fn load(s: &Scope, cfg: MoeConfig, expert_bias: bool, scale: f32) -> Result<SigmoidMoe> {
+        let (h, e, i) = (cfg.hidden, cfg.experts, cfg.expert_width);
+        Ok(SigmoidMoe {
+            router: s.pp("gate").linear(e, h)?,
+            expert_bias: match expert_bias {
+                true => s.finite_values("expert_bias", &[e])?,
+                false => Vec::new(),
+            },
+            experts: StackedExperts::load(s, ("switch_mlp", "experts"), (e, h, i), false)?,
+            top_k: cfg.top_k,
+            renormalize: cfg.renormalize,
+            scale,
+        })
     }
 
-    /// Every weight matrix: router, the three stacked expert weights, the shared expert's.
-    pub fn weights(&self) -> Vec<&Weight> {
-        let mut w = vec![&self.router.weight];
-        w.extend(self.experts.weights());
-        if let Some(s) = &self.shared {
-            w.extend([
-                &s.mlp.gate.weight,
-                &s.mlp.up.weight,
-                &s.mlp.down.weight,
-                &s.gate.weight,
-            ]);
-        }
-        w
-    }
-
-    /// The stacked expert weights (those of which a token reads `top_k / experts`).
-    pub fn expert_weights(&self) -> [&Weight; 3] {
-        self.experts.weights()
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let routing = ops::Routing {
+            selection_bias: &self.expert_bias,
+            renormalize: self.renormalize,
+            renormalize_eps: 1e-6,
+            scale: self.scale,
+        };
+        let routes = ops::moe_route_sigmoid(&self.router.forward(x)?, self.top_k, routing)?;
+        let y = self.experts.forward(x, &routes)?;
+        Ok(ops::moe_combine(&y, &routes.weights, self.top_k, None)?)
     }
 }
 

@@ -6,9 +6,9 @@
 use anyhow::{bail, Result};
 use kernels::{ops, Tensor};
 
+use super::params::params;
 use super::Linear;
-use crate::config::QuantConfig;
-use crate::weights::WeightStore;
+use crate::weights::{Scope, WeightStore};
 
 /// Reads a depthwise conv weight as `[C, K]` f32. Original checkpoints store PyTorch's
 /// `[C, 1, K]`, mlx-lm moves the kernel axis (`[C, K, 1]`); both hold the bytes of `[C, K]`.
@@ -32,13 +32,7 @@ pub fn depthwise_conv_weight(
     Ok(conv.reshape(&[channels, kernel])?)
 }
 
-/// An optional 1-D bias, widened to f32 (present when config.json's `conv_bias` is true).
-fn bias(store: &WeightStore, name: &str, n: usize, present: bool) -> Result<Option<Tensor>> {
-    if !present {
-        return Ok(None);
-    }
-    Ok(Some(store.f32_tensor(name, &[n])?))
-}
+params!(ShortConv: in_proj, in_bias, conv_weight, conv_bias, out_proj, out_bias);
 
 #[derive(Debug, Clone)]
 pub struct ShortConv {
@@ -53,25 +47,22 @@ pub struct ShortConv {
 }
 
 impl ShortConv {
-    /// Loads `<prefix>.{in_proj,conv,out_proj}` (e.g. `model.layers.0.conv`); all three carry a
-    /// bias when `with_bias` (config.json's `conv_bias`), as both mlx-lm and transformers build
-    /// them.
-    pub fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        prefix: &str,
-        hidden: usize,
-        kernel: usize,
-        with_bias: bool,
-    ) -> Result<ShortConv> {
-        let name = |n: &str| format!("{prefix}.{n}");
+    /// Loads `in_proj`, `conv` and `out_proj` under `s` (e.g. `model.layers.0.conv`); all
+    /// three carry a bias when `with_bias` (config.json's `conv_bias`), as both mlx-lm and
+    /// transformers build them.
+    pub fn load(s: &Scope, hidden: usize, kernel: usize, with_bias: bool) -> Result<ShortConv> {
+        let bias = |name: &str, n: usize| {
+            with_bias
+                .then(|| s.pp(name).f32_tensor("bias", &[n]))
+                .transpose()
+        };
         Ok(ShortConv {
-            in_proj: Linear::load(store, quant, &name("in_proj"), 3 * hidden, hidden)?,
-            in_bias: bias(store, &name("in_proj.bias"), 3 * hidden, with_bias)?,
-            conv_weight: depthwise_conv_weight(store, &name("conv.weight"), hidden, kernel)?,
-            conv_bias: bias(store, &name("conv.bias"), hidden, with_bias)?,
-            out_proj: Linear::load(store, quant, &name("out_proj"), hidden, hidden)?,
-            out_bias: bias(store, &name("out_proj.bias"), hidden, with_bias)?,
+            in_proj: s.pp("in_proj").linear(3 * hidden, hidden)?,
+            in_bias: bias("in_proj", 3 * hidden)?,
+            conv_weight: depthwise_conv_weight(s.store(), &s.name("conv.weight"), hidden, kernel)?,
+            conv_bias: bias("conv", hidden)?,
+            out_proj: s.pp("out_proj").linear(hidden, hidden)?,
+            out_bias: bias("out_proj", hidden)?,
         })
     }
 
@@ -88,20 +79,6 @@ impl ShortConv {
         Tensor::zeros(&[self.kernel() - 1, self.hidden()])
     }
 
-    /// Moves the weights to `device` once (at load), so no op copies them per call.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        self.in_proj.to_device(device)?;
-        self.out_proj.to_device(device)?;
-        self.conv_weight = self.conv_weight.to_device(device)?;
-        for b in [&mut self.in_bias, &mut self.conv_bias, &mut self.out_bias]
-            .into_iter()
-            .flatten()
-        {
-            *b = b.to_device(device)?;
-        }
-        Ok(())
-    }
-
     /// Runs `x` `[T, hidden]` after the tokens `state` (`[K − 1, hidden]`) has seen; updates it.
     pub fn forward(&self, x: &Tensor, state: &mut Tensor) -> Result<Tensor> {
         let h = self.hidden();
@@ -116,21 +93,6 @@ impl ShortConv {
             self.out_proj.forward(&ops::mul(&c, &conv)?)?,
             &self.out_bias,
         )
-    }
-
-    /// Every loaded weight matrix, for parameter counts and format listings.
-    pub fn linears(&self) -> [&Linear; 2] {
-        [&self.in_proj, &self.out_proj]
-    }
-
-    /// Parameters outside the linear layers (conv taps and biases).
-    pub fn other_parameters(&self) -> usize {
-        self.conv_weight.numel()
-            + [&self.in_bias, &self.conv_bias, &self.out_bias]
-                .into_iter()
-                .flatten()
-                .map(|b| b.numel())
-                .sum::<usize>()
     }
 }
 

@@ -20,7 +20,7 @@
 //!   [`MoeBranch`]).
 //!
 //! Names: `language_model.model.*` in mlx-lm folders, `model.language_model.*` in original
-//! multimodal ones, `model.*` in text-only ones (Qwen3.5's [`Layout`]). Original folders keep
+//! multimodal ones, `model.*` in text-only ones ([`Layout`]). Original folders keep
 //! K/V projections on the KV-shared layers; they are unused and not loaded, as mlx-lm drops them.
 //! Sliding layers keep a rotating cache (`KvCache::rotating`: at most 2 × the window between
 //! forwards), full layers a flat one.
@@ -29,12 +29,12 @@ use anyhow::{bail, ensure, Context, Result};
 use kernels::{ops, ops::AttnParams, ops::RopeLayout, Tensor, Weight};
 use serde_json::Value;
 
-use super::qwen3_5::Layout;
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::{limits::check_rope_theta, ModelConfig};
-use crate::layers::{Linear, RmsNorm, Rope, StackedExperts};
-use crate::weights::WeightStore;
+use crate::layers::params::{params, Describe};
+use crate::layers::{head, Linear, RmsNorm, Rope, StackedExperts, Tail};
+use crate::weights::{Layout, Scope, WeightStore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -79,6 +79,10 @@ struct PerLayerGate {
     post_norm: RmsNorm,
 }
 
+params!(Attention: q_proj, kv, o_proj, q_norm);
+params!(KvProj: k_proj, v_proj, k_norm);
+params!(PerLayerGate: input_gate, projection, post_norm);
+
 struct Block {
     attn: Attention,
     /// Index of the layer whose cache this one reads (itself unless KV-shared).
@@ -94,6 +98,8 @@ struct Block {
     layer_scalar: Option<f32>,
     moe: Option<MoeBranch>,
 }
+
+params!(Block: attn, input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm, gate_proj, up_proj, down_proj, per_layer, layer_scalar, moe);
 
 /// The sparse branch of the MoE variant (`enable_moe_block`, 26B-A4B style), summed with the
 /// dense MLP's output before `post_feedforward_layernorm`. Facts from mlx-lm 0.32
@@ -115,49 +121,104 @@ struct MoeBranch {
     post_norm: RmsNorm,
 }
 
+params!(MoeBranch: router_norm, router, per_expert_scale, experts, pre_norm, post_dense_norm, post_norm);
+
+/// Layer `i` under `s`. KV-shared layers load no K/V projections (original folders keep them,
+/// unused; mlx-lm drops them).
+fn block(
+    cfg: &ModelConfig,
+    s: &Scope,
+    a: &Args,
+    i: usize,
+    per_layer: Option<&PerLayerInputs>,
+) -> Result<Block> {
+    let full = a.kinds[i] == Kind::Full;
+    let (hd, kvh) = if full { a.full } else { a.sliding };
+    let hidden = a.hidden;
+    let at = s.pp("self_attn");
+    let kv = if i < a.first_shared {
+        Some(KvProj {
+            k_proj: at.pp("k_proj").linear(kvh * hd, hidden)?,
+            v_proj: match full && a.k_eq_v {
+                true => None,
+                false => Some(at.pp("v_proj").linear(kvh * hd, hidden)?),
+            },
+            k_norm: at.pp("k_norm").norm(hd, a.eps)?,
+        })
+    } else {
+        None
+    };
+    let width = match i >= a.first_shared && a.double_wide {
+        true => 2 * a.inter,
+        false => a.inter,
+    };
+    let layer_scalar = match s.contains("layer_scalar") {
+        true => Some(s.finite_values("layer_scalar", &[1])?[0]),
+        false => None,
+    };
+    let per_layer = match per_layer {
+        Some(pl) => Some(PerLayerGate {
+            input_gate: s.pp("per_layer_input_gate").linear(pl.width, hidden)?,
+            projection: s.pp("per_layer_projection").linear(hidden, pl.width)?,
+            post_norm: s.pp("post_per_layer_input_norm").norm(hidden, a.eps)?,
+        }),
+        None => None,
+    };
+    let norm = |name: &str| s.pp(name).norm(hidden, a.eps);
+    let mlp = s.pp("mlp");
+    Ok(Block {
+        attn: Attention {
+            q_proj: at.pp("q_proj").linear(a.heads * hd, hidden)?,
+            kv,
+            o_proj: at.pp("o_proj").linear(hidden, a.heads * hd)?,
+            q_norm: at.pp("q_norm").norm(hd, a.eps)?,
+            rope: rope_for(cfg, a.kinds[i], hd)?,
+            heads: a.heads,
+            kv_heads: kvh,
+            head_dim: hd,
+            window: (!full).then_some(a.window),
+            eps: a.eps,
+        },
+        kv_source: a.kv_source[i],
+        input_norm: norm("input_layernorm")?,
+        post_attn_norm: norm("post_attention_layernorm")?,
+        pre_ffn_norm: norm("pre_feedforward_layernorm")?,
+        post_ffn_norm: norm("post_feedforward_layernorm")?,
+        gate_proj: mlp.pp("gate_proj").linear(width, hidden)?,
+        up_proj: mlp.pp("up_proj").linear(width, hidden)?,
+        down_proj: mlp.pp("down_proj").linear(hidden, width)?,
+        per_layer,
+        layer_scalar,
+        moe: match a.moe {
+            Some((e, k, w)) => Some(MoeBranch::load(s, (hidden, e, k, w, a.eps))?),
+            None => None,
+        },
+    })
+}
+
 impl MoeBranch {
     fn load(
-        store: &WeightStore,
-        cfg: &ModelConfig,
-        p: &str,
+        s: &Scope,
         (hidden, experts, top_k, width, eps): (usize, usize, usize, usize, f32),
     ) -> Result<MoeBranch> {
-        let scale_name = format!("{p}.router.scale");
         let gain = (hidden as f32).powf(-0.5);
-        let scale: Vec<f32> = store
-            .f32_values(&scale_name, &[hidden])?
-            .iter()
-            .map(|v| v * gain)
-            .collect();
-        let pes_name = format!("{p}.router.per_expert_scale");
-        let per_expert_scale = store.f32_values(&pes_name, &[experts])?;
-        ensure!(
-            per_expert_scale.iter().chain(&scale).all(|v| v.is_finite()),
-            "{}: `{scale_name}` or `{pes_name}` holds a value that is not finite",
-            store.dir().display()
-        );
-        let norm = |name: &str| RmsNorm::load(store, &format!("{p}.{name}.weight"), hidden, eps);
-        let stacked = StackedExperts::load(
-            store,
-            &cfg.quant,
-            (&format!("{p}.experts.switch_glu"), &format!("{p}.experts")),
-            (experts, hidden, width),
-            true,
-        )?;
+        let scale: Vec<f32> = s.pp("router").finite_values("scale", &[hidden])?;
+        let norm = |name: &str| s.pp(name).norm(hidden, eps);
         Ok(MoeBranch {
             router_norm: RmsNorm {
-                weight: Tensor::from_f32(&[hidden], scale)?,
+                weight: Tensor::from_f32(&[hidden], scale.iter().map(|v| v * gain).collect())?,
                 eps,
             },
-            router: Linear::load(
-                store,
-                &cfg.quant,
-                &format!("{p}.router.proj"),
-                experts,
-                hidden,
+            router: s.pp("router.proj").linear(experts, hidden)?,
+            per_expert_scale: s
+                .pp("router")
+                .finite_values("per_expert_scale", &[experts])?,
+            experts: StackedExperts::load(
+                s,
+                ("experts.switch_glu", "experts"),
+                (experts, hidden, width),
+                true,
             )?,
-            per_expert_scale,
-            experts: stacked,
             top_k,
             pre_norm: norm("pre_feedforward_layernorm_2")?,
             post_dense_norm: norm("post_feedforward_layernorm_1")?,
@@ -181,20 +242,6 @@ impl MoeBranch {
             &self.post_norm.forward(&sparse)?,
         )?)
     }
-
-    fn upload(&mut self, device: kernels::Device) -> Result<()> {
-        self.router.to_device(device)?;
-        self.router_norm.to_device(device)?;
-        self.experts.to_device(device)?;
-        for n in [
-            &mut self.pre_norm,
-            &mut self.post_dense_norm,
-            &mut self.post_norm,
-        ] {
-            n.to_device(device)?;
-        }
-        Ok(())
-    }
 }
 
 /// The model-level half of the per-layer inputs.
@@ -204,6 +251,8 @@ struct PerLayerInputs {
     projection_norm: RmsNorm,
     width: usize,
 }
+
+params!(PerLayerInputs: embed, model_projection, projection_norm);
 
 pub struct Gemma4 {
     info: ModelInfo,
@@ -215,30 +264,15 @@ pub struct Gemma4 {
     hidden: usize,
 }
 
+params!(Gemma4: embed, blocks, norm, per_layer);
+
 fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<Kind>> {
-    let file = cfg.path();
-    if let Some(types) = cfg.opt("layer_types") {
-        let types = types
-            .as_array()
-            .filter(|t| t.len() == layers)
-            .with_context(|| {
-                format!(
-                    "{}: field `layer_types` must be a list of {layers} layer kinds",
-                    file.display()
-                )
-            })?;
-        return types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t.as_str() {
-                Some("sliding_attention") => Ok(Kind::Sliding),
-                Some("full_attention") => Ok(Kind::Full),
-                _ => bail!(
-                    "{}: field `layer_types[{i}]` = {t} is not a layer kind (sliding_attention, full_attention)",
-                    file.display()
-                ),
-            })
-            .collect();
+    let kinds = [
+        ("sliding_attention", Kind::Sliding),
+        ("full_attention", Kind::Full),
+    ];
+    if let Some(kinds) = cfg.layer_types(layers, &kinds)? {
+        return Ok(kinds);
     }
     let pattern = cfg.usize_in_or(
         "sliding_window_pattern",
@@ -319,11 +353,32 @@ fn rope_for(cfg: &ModelConfig, kind: Kind, head_dim: usize) -> Result<Rope> {
     }
 }
 
-impl Gemma4 {
-    pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Gemma4> {
+/// config.json (inside `text_config` when nested), read once.
+struct Args {
+    hidden: usize,
+    heads: usize,
+    /// (head dim, KV heads) of sliding and of full layers.
+    sliding: (usize, usize),
+    full: (usize, usize),
+    k_eq_v: bool,
+    inter: usize,
+    vocab: usize,
+    eps: f32,
+    context: usize,
+    kinds: Vec<Kind>,
+    window: usize,
+    first_shared: usize,
+    double_wide: bool,
+    softcap: Option<f32>,
+    /// (experts, top-k, expert width) of the MoE variant.
+    moe: Option<(usize, usize, usize)>,
+    /// Per layer, the layer whose cache it reads (itself unless KV-shared).
+    kv_source: Vec<usize>,
+}
+
+impl Args {
+    fn read(cfg: &ModelConfig) -> Result<Args> {
         let file = cfg.path();
-        let layout = Layout::detect(store)?;
-        let mp = layout.model_prefix();
         let hidden = cfg.width("hidden_size")?;
         let layers = cfg.layer_count("num_hidden_layers")?;
         let heads = cfg.width("num_attention_heads")?;
@@ -382,194 +437,91 @@ impl Gemma4 {
         let mut kv_source: Vec<usize> = (0..layers).collect();
         for j in first_shared..layers {
             kv_source[j] = (0..first_shared)
-                .rev()
-                .find(|&i| kinds[i] == kinds[j])
-                .with_context(|| {
-                    format!(
-                        "{}: layer {j} shares the KV of an earlier {} layer, and there is none before layer {first_shared} (`num_kv_shared_layers` = {shared})",
-                        file.display(),
-                        kinds[j].name()
-                    )
-                })?;
+            .rev()
+            .find(|&i| kinds[i] == kinds[j])
+            .with_context(|| {
+                format!(
+                    "{}: layer {j} shares the KV of an earlier {} layer, and there is none before layer {first_shared} (`num_kv_shared_layers` = {shared})",
+                    file.display(),
+                    kinds[j].name()
+                )
+            })?;
         }
+        Ok(Args {
+            hidden,
+            heads,
+            sliding: (head_dim, kv_heads),
+            full: (global_head_dim, global_kv_heads),
+            k_eq_v,
+            inter,
+            vocab,
+            eps,
+            context,
+            kinds,
+            window,
+            first_shared,
+            double_wide,
+            softcap,
+            moe,
+            kv_source,
+        })
+    }
+}
 
-        let quant = &cfg.quant;
-        let embed_name = format!("{mp}.embed_tokens");
-        let embed = store.weight(&embed_name, quant.spec_for(&embed_name), vocab, hidden)?;
-        let per_layer_name = format!("{mp}.embed_tokens_per_layer");
-        let per_layer = if store.contains(&format!("{per_layer_name}.weight")) {
+impl Gemma4 {
+    pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Gemma4> {
+        let a = Args::read(cfg)?;
+        let layout = Layout::detect(store)?;
+        let m = Scope::new(store, &cfg.quant).pp(layout.model_prefix());
+        let per_layer = if m.contains("embed_tokens_per_layer.weight") {
             let width = cfg.width("hidden_size_per_layer_input")?;
-            let rows = cfg.width_or("vocab_size_per_layer_input", vocab)?;
-            let wide = layers
+            let rows = cfg.width_or("vocab_size_per_layer_input", a.vocab)?;
+            let wide = a
+                .kinds
+                .len()
                 .checked_mul(width)
                 .filter(|&w| w <= crate::config::limits::MAX_WIDTH)
                 .with_context(|| {
                     format!(
                         "{}: `num_hidden_layers` × `hidden_size_per_layer_input` is too large",
-                        file.display()
+                        cfg.path().display()
                     )
                 })?;
-            let proj = format!("{mp}.per_layer_model_projection");
             Some(PerLayerInputs {
-                embed: store.weight(
-                    &per_layer_name,
-                    quant.spec_for(&per_layer_name),
-                    rows,
-                    wide,
-                )?,
-                model_projection: Linear::load(store, quant, &proj, wide, hidden)?,
-                projection_norm: RmsNorm::load(
-                    store,
-                    &format!("{mp}.per_layer_projection_norm.weight"),
-                    width,
-                    eps,
-                )?,
+                embed: m.pp("embed_tokens_per_layer").weight(rows, wide)?,
+                model_projection: m.pp("per_layer_model_projection").linear(wide, a.hidden)?,
+                projection_norm: m.pp("per_layer_projection_norm").norm(width, a.eps)?,
                 width,
             })
         } else {
             None
         };
-
-        let mut blocks = Vec::with_capacity(layers);
-        for (i, &kind) in kinds.iter().enumerate() {
-            let p = format!("{mp}.layers.{i}");
-            let full = kind == Kind::Full;
-            let (hd, kvh) = if full {
-                (global_head_dim, global_kv_heads)
-            } else {
-                (head_dim, kv_heads)
-            };
-            let lin =
-                |name: &str, out, inp| Linear::load(store, quant, &format!("{p}.{name}"), out, inp);
-            let norm = |name: &str, n| RmsNorm::load(store, &format!("{p}.{name}.weight"), n, eps);
-            let kv = if i < first_shared {
-                Some(KvProj {
-                    k_proj: lin("self_attn.k_proj", kvh * hd, hidden)?,
-                    v_proj: if full && k_eq_v {
-                        None
-                    } else {
-                        Some(lin("self_attn.v_proj", kvh * hd, hidden)?)
-                    },
-                    k_norm: norm("self_attn.k_norm", hd)?,
-                })
-            } else {
-                None
-            };
-            let width = if i >= first_shared && double_wide {
-                2 * inter
-            } else {
-                inter
-            };
-            let scalar_name = format!("{p}.layer_scalar");
-            let layer_scalar = if store.contains(&scalar_name) {
-                let v = store.f32_values(&scalar_name, &[1])?[0];
-                ensure!(
-                    v.is_finite(),
-                    "{}: tensor `{scalar_name}` is not finite ({v})",
-                    store.dir().display()
-                );
-                Some(v)
-            } else {
-                None
-            };
-            let per_layer_gate = match &per_layer {
-                Some(pl) => Some(PerLayerGate {
-                    input_gate: lin("per_layer_input_gate", pl.width, hidden)?,
-                    projection: lin("per_layer_projection", hidden, pl.width)?,
-                    post_norm: norm("post_per_layer_input_norm", hidden)?,
-                }),
-                None => None,
-            };
-            blocks.push(Block {
-                attn: Attention {
-                    q_proj: lin("self_attn.q_proj", heads * hd, hidden)?,
-                    kv,
-                    o_proj: lin("self_attn.o_proj", hidden, heads * hd)?,
-                    q_norm: norm("self_attn.q_norm", hd)?,
-                    rope: rope_for(cfg, kind, hd)?,
-                    heads,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                    window: (!full).then_some(window),
-                    eps,
-                },
-                kv_source: kv_source[i],
-                input_norm: norm("input_layernorm", hidden)?,
-                post_attn_norm: norm("post_attention_layernorm", hidden)?,
-                pre_ffn_norm: norm("pre_feedforward_layernorm", hidden)?,
-                post_ffn_norm: norm("post_feedforward_layernorm", hidden)?,
-                gate_proj: lin("mlp.gate_proj", width, hidden)?,
-                up_proj: lin("mlp.up_proj", width, hidden)?,
-                down_proj: lin("mlp.down_proj", hidden, width)?,
-                per_layer: per_layer_gate,
-                layer_scalar,
-                moe: match moe {
-                    Some((e, k, w)) => {
-                        Some(MoeBranch::load(store, cfg, &p, (hidden, e, k, w, eps))?)
-                    }
-                    None => None,
-                },
-            });
-        }
-        let norm = RmsNorm::load(store, &format!("{mp}.norm.weight"), hidden, eps)?;
+        let blocks = (0..a.kinds.len())
+            .map(|i| block(cfg, &m.pp("layers").pp(i), &a, i, per_layer.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let head = format!("{}.weight", layout.lm_head());
         ensure!(
-            !store.contains(&format!("{}.weight", layout.lm_head())),
-            "{}: Gemma 4 ties its head to the embedding, but `{}.weight` is stored",
+            !store.contains(&head),
+            "{}: Gemma 4 ties its head to the embedding, but `{head}` is stored",
             store.dir().display(),
-            layout.lm_head()
         );
-
-        let mut weights: Vec<&Weight> = vec![&embed];
-        let mut parameters = embed.numel() + hidden;
-        if let Some(pl) = &per_layer {
-            weights.extend([&pl.embed, &pl.model_projection.weight]);
-            parameters += pl.embed.numel() + pl.model_projection.weight.numel() + pl.width;
-        }
-        for b in &blocks {
-            let mut lins = vec![
-                &b.attn.q_proj,
-                &b.attn.o_proj,
-                &b.gate_proj,
-                &b.up_proj,
-                &b.down_proj,
-            ];
-            if let Some(kv) = &b.attn.kv {
-                lins.push(&kv.k_proj);
-                lins.extend(&kv.v_proj);
-                parameters += kv.k_norm.weight.numel();
-            }
-            if let Some(g) = &b.per_layer {
-                lins.extend([&g.input_gate, &g.projection]);
-                parameters += hidden;
-            }
-            for l in lins {
-                weights.push(&l.weight);
-                parameters += l.weight.numel();
-            }
-            parameters += 4 * hidden + b.attn.head_dim + usize::from(b.layer_scalar.is_some());
-            if let Some(m) = &b.moe {
-                weights.push(&m.router.weight);
-                weights.extend(m.experts.weights());
-                parameters += m.router.weight.numel() + 4 * hidden + m.per_expert_scale.len();
-                parameters += m.experts.weights().iter().map(|w| w.numel()).sum::<usize>();
-            }
-        }
-        let moe_info = moe.map(|(e, k, w)| {
-            let experts: Vec<&Weight> = blocks
-                .iter()
-                .filter_map(|b| b.moe.as_ref())
-                .flat_map(|m| m.experts.weights())
-                .collect();
-            super::moe_info((e, k, w, 0), &experts, &weights, parameters)
-        });
-        let layer_kinds = blocks
+        let mut model = Gemma4 {
+            info: Default::default(),
+            embed: m.pp("embed_tokens").weight(a.vocab, a.hidden)?,
+            blocks,
+            norm: m.pp("norm").norm(a.hidden, a.eps)?,
+            per_layer,
+            softcap: a.softcap,
+            hidden: a.hidden,
+        };
+        let layer_kinds = model
+            .blocks
             .iter()
-            .zip(&kinds)
             .enumerate()
-            .map(|(i, (b, k))| {
-                let mut s = match k {
-                    Kind::Sliding => format!("sliding_attention({window})"),
-                    Kind::Full => "full_attention".to_string(),
+            .map(|(i, b)| {
+                let mut s = match b.attn.window {
+                    Some(w) => format!("sliding_attention({w})"),
+                    None => "full_attention".to_string(),
                 };
                 if b.kv_source != i {
                     s.push_str(&format!(" kv-shared from {}", b.kv_source));
@@ -577,25 +529,16 @@ impl Gemma4 {
                 s
             })
             .collect();
-        let info = ModelInfo {
-            family: "gemma4".into(),
-            parameters,
-            weight_formats: super::formats(weights),
+        model.info = Describe {
+            family: "gemma4",
             layer_kinds,
-            context_length: context,
-            vocab_size: vocab,
-            hidden_size: hidden,
-            moe: moe_info,
-        };
-        Ok(Gemma4 {
-            info,
-            embed,
-            blocks,
-            norm,
-            per_layer,
-            softcap,
-            hidden,
-        })
+            context_length: a.context,
+            vocab_size: a.vocab,
+            hidden_size: a.hidden,
+            moe: a.moe.map(|(e, k, w)| (e, k, w, 0)),
+        }
+        .info(&mut model)?;
+        Ok(model)
     }
 
     /// Each layer's `[T, width]` input from the per-layer tables and the scaled embeddings.
@@ -622,21 +565,6 @@ impl Gemma4 {
 }
 
 impl Attention {
-    /// Moves the weights to `device` once (at load).
-    fn upload(&mut self, device: kernels::Device) -> Result<()> {
-        self.q_proj.to_device(device)?;
-        self.o_proj.to_device(device)?;
-        self.q_norm.to_device(device)?;
-        if let Some(kv) = &mut self.kv {
-            kv.k_proj.to_device(device)?;
-            if let Some(v) = &mut kv.v_proj {
-                v.to_device(device)?;
-            }
-            kv.k_norm.to_device(device)?;
-        }
-        Ok(())
-    }
-
     /// Appends this step's K/V to `cache` (unless the layer is KV-shared, when `cache` is the
     /// source layer's, already holding them) and attends over it.
     fn forward(&self, x: &Tensor, start: usize, cache: &mut KvCache) -> Result<Tensor> {
@@ -696,39 +624,6 @@ impl CausalLm for Gemma4 {
         self.embed.device()
     }
 
-    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        self.embed = self.embed.to_device(device)?;
-        self.norm.to_device(device)?;
-        if let Some(pl) = &mut self.per_layer {
-            pl.embed = pl.embed.to_device(device)?;
-            pl.model_projection.to_device(device)?;
-            pl.projection_norm.to_device(device)?;
-        }
-        for b in &mut self.blocks {
-            b.attn.upload(device)?;
-            for n in [
-                &mut b.input_norm,
-                &mut b.post_attn_norm,
-                &mut b.pre_ffn_norm,
-                &mut b.post_ffn_norm,
-            ] {
-                n.to_device(device)?;
-            }
-            for l in [&mut b.gate_proj, &mut b.up_proj, &mut b.down_proj] {
-                l.to_device(device)?;
-            }
-            if let Some(m) = &mut b.moe {
-                m.upload(device)?;
-            }
-            if let Some(g) = &mut b.per_layer {
-                g.input_gate.to_device(device)?;
-                g.projection.to_device(device)?;
-                g.post_norm.to_device(device)?;
-            }
-        }
-        Ok(())
-    }
-
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
         let start = state.pos;
@@ -762,10 +657,10 @@ impl CausalLm for Gemma4 {
         }
         state.pos += ids.len();
         state.settle()?;
-        let tail = super::Tail {
+        let tail = Tail {
             softcap: self.softcap,
             ..Default::default()
         };
-        super::lm_logits_with(&x, &self.norm, &self.embed, all_logits, tail)
+        head::logits(&x, &self.norm, &self.embed, all_logits, tail)
     }
 }

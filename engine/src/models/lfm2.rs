@@ -18,60 +18,20 @@
 //!
 //! LFM2-MoE (`lfm2_moe`, LFM2-8B-A1B; mlx-lm `lfm2_moe.py`, transformers `modeling_lfm2_moe.py`)
 //! is the same backbone: the first `num_dense_layers` feed-forwards are dense SwiGLU of width
-//! `intermediate_size` (no auto-adjustment), the rest sparse (see [`SigmoidMoe`]). mlx-lm's
+//! `intermediate_size` (no auto-adjustment), the rest sparse (see [`SigmoidMoe`](crate::layers::SigmoidMoe)). mlx-lm's
 //! conversion renames `w1/w3/w2` to `gate_proj/up_proj/down_proj` and stacks the per-expert
 //! originals into `switch_mlp.*`; both spellings load.
 
 use anyhow::{bail, ensure, Result};
-use kernels::{ops, ops::RopeLayout, Tensor, Weight};
+use kernels::ops::RopeLayout;
 
-use super::{CausalLm, ModelInfo};
-use crate::cache::{KvCache, LayerState, ModelState};
-use crate::config::{ModelConfig, QuantConfig};
+use super::Dense;
+use crate::config::ModelConfig;
 use crate::layers::{
-    AttentionConfig, GqaAttention, Linear, RmsNorm, Rope, ShortConv, StackedExperts, SwiGlu,
+    AttentionConfig, AttentionSpec, Decoder, DecoderLayer, GqaAttention, Mixer, Mlp, MoeConfig,
+    Rope, ShortConv, SigmoidMoe, SwiGlu, Tail,
 };
-use crate::weights::WeightStore;
-
-/// Token mixer of one block. One per layer, so the size difference costs nothing worth boxing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-enum Mixer {
-    Conv(ShortConv),
-    Attention(GqaAttention),
-}
-
-/// Feed-forward of one block: dense SwiGLU, or LFM2-MoE's sparse experts.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-enum FeedForward {
-    Dense(SwiGlu),
-    Sparse(SigmoidMoe),
-}
-
-impl FeedForward {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Sparse(m) => m.forward(x),
-        }
-    }
-}
-
-/// The sparse feed-forward of LFM2-MoE: router `gate` `[E, H]` (8-bit in quantized MLX
-/// folders), `sigmoid` scores; the top k by score plus `expert_bias` (f32, for the choice only)
-/// weighted by their unbiased scores, divided by their sum + 1e-6 when `norm_topk_prob`, times
-/// `routed_scaling_factor`; SwiGLU experts.
-#[derive(Debug, Clone)]
-struct SigmoidMoe {
-    router: Linear,
-    /// Empty without `use_expert_bias`.
-    expert_bias: Vec<f32>,
-    experts: StackedExperts,
-    top_k: usize,
-    renormalize: bool,
-    scale: f32,
-}
+use crate::weights::{Scope, WeightStore};
 
 /// LFM2-MoE's sparse widths and routing, from config.json.
 #[derive(Debug, Clone, Copy)]
@@ -86,131 +46,9 @@ struct MoeShape {
     scale: f32,
 }
 
-impl SigmoidMoe {
-    fn load(
-        store: &WeightStore,
-        quant: &QuantConfig,
-        p: &str,
-        hidden: usize,
-        m: &MoeShape,
-    ) -> Result<SigmoidMoe> {
-        let (e, i) = (m.experts, m.expert_width);
-        let expert_bias = if m.expert_bias {
-            let name = format!("{p}.expert_bias");
-            let b = store.f32_values(&name, &[e])?;
-            ensure!(
-                b.iter().all(|v| v.is_finite()),
-                "{}: `{name}` holds a value that is not finite",
-                store.dir().display()
-            );
-            b
-        } else {
-            Vec::new()
-        };
-        Ok(SigmoidMoe {
-            router: Linear::load(store, quant, &format!("{p}.gate"), e, hidden)?,
-            expert_bias,
-            experts: StackedExperts::load(
-                store,
-                quant,
-                (&format!("{p}.switch_mlp"), &format!("{p}.experts")),
-                (e, hidden, i),
-                false,
-            )?,
-            top_k: m.top_k,
-            renormalize: m.renormalize,
-            scale: m.scale,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let routing = ops::Routing {
-            selection_bias: &self.expert_bias,
-            renormalize: self.renormalize,
-            renormalize_eps: 1e-6,
-            scale: self.scale,
-        };
-        let routes = ops::moe_route_sigmoid(&self.router.forward(x)?, self.top_k, routing)?;
-        let y = self.experts.forward(x, &routes)?;
-        Ok(ops::moe_combine(&y, &routes.weights, self.top_k, None)?)
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Block {
-    operator_norm: RmsNorm,
-    mixer: Mixer,
-    ffn_norm: RmsNorm,
-    feed_forward: FeedForward,
-}
-
-impl Block {
-    fn forward(&self, x: &Tensor, state: &mut LayerState) -> Result<Tensor> {
-        let h = self.operator_norm.forward(x)?;
-        let h = match &self.mixer {
-            Mixer::Conv(c) => c.forward(&h, state.conv_mut()?)?,
-            Mixer::Attention(a) => a.forward(&h, state.kv_mut()?)?,
-        };
-        let x = ops::add(x, &h)?;
-        let h = self.feed_forward.forward(&self.ffn_norm.forward(&x)?)?;
-        Ok(ops::add(&x, &h)?)
-    }
-
-    fn move_to(&mut self, device: kernels::Device) -> Result<()> {
-        self.operator_norm.to_device(device)?;
-        match &mut self.mixer {
-            Mixer::Conv(c) => c.to_device(device)?,
-            Mixer::Attention(a) => a.to_device(device)?,
-        }
-        self.ffn_norm.to_device(device)?;
-        match &mut self.feed_forward {
-            FeedForward::Dense(m) => m.to_device(device),
-            FeedForward::Sparse(m) => {
-                m.router.to_device(device)?;
-                m.experts.to_device(device)
-            }
-        }
-    }
-
-    fn weights(&self) -> Vec<&Weight> {
-        let mixer: Vec<&Linear> = match &self.mixer {
-            Mixer::Conv(c) => c.linears().to_vec(),
-            Mixer::Attention(a) => vec![&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj],
-        };
-        let mut w: Vec<&Weight> = mixer.into_iter().map(|l| &l.weight).collect();
-        match &self.feed_forward {
-            FeedForward::Dense(ff) => w.extend([&ff.gate.weight, &ff.up.weight, &ff.down.weight]),
-            FeedForward::Sparse(m) => {
-                w.push(&m.router.weight);
-                w.extend(m.experts.weights());
-            }
-        }
-        w
-    }
-
-    /// Parameters outside the weight matrices.
-    fn other_parameters(&self) -> usize {
-        self.operator_norm.weight.numel()
-            + self.ffn_norm.weight.numel()
-            + match &self.feed_forward {
-                FeedForward::Sparse(m) => m.expert_bias.len(),
-                FeedForward::Dense(_) => 0,
-            }
-            + match &self.mixer {
-                Mixer::Conv(c) => c.other_parameters(),
-                Mixer::Attention(a) => [&a.q_norm, &a.k_norm]
-                    .iter()
-                    .flat_map(|n| n.as_ref())
-                    .map(|n| n.weight.numel())
-                    .sum(),
-            }
-    }
-}
-
-/// Hyperparameters read from config.json.
-struct Shape {
+/// config.json, read once.
+struct Args {
     hidden: usize,
-    layers: usize,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -226,8 +64,8 @@ struct Shape {
     moe: Option<MoeShape>,
 }
 
-impl Shape {
-    fn read(cfg: &ModelConfig) -> Result<Shape> {
+impl Args {
+    fn read(cfg: &ModelConfig) -> Result<Args> {
         let file = cfg.path();
         let file = file.display();
         let hidden = cfg.width("hidden_size")?;
@@ -257,9 +95,8 @@ impl Shape {
             Some(_) => cfg.bool_or("tie_embedding", true)?,
             None => cfg.bool_or("tie_word_embeddings", true)?,
         };
-        Ok(Shape {
+        Ok(Args {
             hidden,
-            layers,
             heads,
             kv_heads,
             head_dim,
@@ -304,23 +141,7 @@ fn moe_shape(cfg: &ModelConfig, layers: usize) -> Result<MoeShape> {
 fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<bool>> {
     let file = cfg.path();
     let file = file.display();
-    let from_types = match cfg.opt("layer_types") {
-        None => None,
-        Some(v) => {
-            let Some(types) = v.as_array().filter(|t| t.len() == layers) else {
-                bail!("{file}: field `layer_types` must be a list of {layers} strings (one per layer)");
-            };
-            let mut kinds = Vec::with_capacity(layers);
-            for (i, t) in types.iter().enumerate() {
-                kinds.push(match t.as_str() {
-                    Some("full_attention") => true,
-                    Some("conv") => false,
-                    _ => bail!("{file}: field `layer_types[{i}]` must be \"conv\" or \"full_attention\", got {t}"),
-                });
-            }
-            Some(kinds)
-        }
-    };
+    let from_types = cfg.layer_types(layers, &[("full_attention", true), ("conv", false)])?;
     let from_idxs = match cfg.opt("full_attn_idxs") {
         None => None,
         Some(v) => {
@@ -419,200 +240,102 @@ pub fn ff_width(cfg: &ModelConfig, stored_rows: Option<usize>) -> Result<usize> 
     Ok(width)
 }
 
-pub struct Lfm2 {
-    info: ModelInfo,
-    embed: Weight,
-    blocks: Vec<Block>,
-    embedding_norm: RmsNorm,
-    lm_head: Weight,
-    kv_heads: usize,
-    head_dim: usize,
+/// Loads an LFM2 or LFM2-MoE folder (both layouts share every name).
+pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
+    let a = Args::read(cfg)?;
+    let m = Scope::new(store, &cfg.quant).pp("model");
+    let inter = match &a.moe {
+        Some(moe) => moe.dense_width,
+        None => {
+            let w1 = "model.layers.0.feed_forward.w1.weight";
+            ff_width(
+                cfg,
+                store.info(w1).and_then(|(_, shape)| shape.first().copied()),
+            )?
+        }
+    };
+    let embed = m.pp("embed_tokens").weight(a.vocab, a.hidden)?;
+    let layers = a
+        .attention
+        .iter()
+        .enumerate()
+        .map(|(i, &attention)| layer(&m.pp("layers").pp(i), &a, i, attention, inter))
+        .collect::<Result<Vec<_>>>()?;
+    // mlx-lm always multiplies by the embedding; transformers uses `lm_head` only when the
+    // config unties it.
+    let lm_head = match a.tied {
+        true => embed.clone(),
+        false => Scope::new(store, &cfg.quant)
+            .pp("lm_head")
+            .weight(a.vocab, a.hidden)?,
+    };
+    let decoder = Decoder {
+        embed,
+        layers,
+        norm: m.pp("embedding_norm").norm(a.hidden, a.eps)?,
+        lm_head,
+        embed_scale: None,
+        tail: Tail::default(),
+    };
+    let family = if a.moe.is_some() { "lfm2_moe" } else { "lfm2" };
+    let moe = a.moe.map(|m| (m.experts, m.top_k, m.expert_width, 0));
+    Dense::new(family, decoder, (a.context, a.vocab, a.hidden), moe)
 }
 
-impl Lfm2 {
-    pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Lfm2> {
-        let s = Shape::read(cfg)?;
-        let quant = &cfg.quant;
-        let lin = |name: &str, out, inp| Linear::load(store, quant, name, out, inp);
-        let inter = match &s.moe {
-            Some(m) => m.dense_width,
-            None => {
-                let w1 = "model.layers.0.feed_forward.w1.weight";
-                ff_width(
-                    cfg,
-                    store.info(w1).and_then(|(_, shape)| shape.first().copied()),
-                )?
-            }
-        };
-        let embed = store.weight(
-            "model.embed_tokens",
-            quant.spec_for("model.embed_tokens"),
-            s.vocab,
-            s.hidden,
-        )?;
-        let mut blocks = Vec::with_capacity(s.layers);
-        for (i, &attention) in s.attention.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let norm = |name: &str, dim| RmsNorm::load(store, &format!("{p}.{name}"), dim, s.eps);
-            let mixer = if attention {
-                let a = format!("{p}.self_attn");
-                let (h, kvh, d) = (s.heads, s.kv_heads, s.head_dim);
-                Mixer::Attention(GqaAttention {
-                    cfg: AttentionConfig {
-                        heads: h,
-                        kv_heads: kvh,
-                        head_dim: d,
-                        scale: 1.0 / (d as f32).sqrt(),
-                        window: None,
-                        softcap: None,
-                    },
-                    q_proj: lin(&format!("{a}.q_proj"), h * d, s.hidden)?,
-                    k_proj: lin(&format!("{a}.k_proj"), kvh * d, s.hidden)?,
-                    v_proj: lin(&format!("{a}.v_proj"), kvh * d, s.hidden)?,
-                    o_proj: lin(&format!("{a}.out_proj"), s.hidden, h * d)?,
-                    q_norm: Some(norm("self_attn.q_layernorm.weight", d)?),
-                    k_norm: Some(norm("self_attn.k_layernorm.weight", d)?),
-                    rope: s.rope.clone(),
-                    output_gate: false,
-                })
-            } else {
-                Mixer::Conv(ShortConv::load(
-                    store,
-                    quant,
-                    &format!("{p}.conv"),
-                    s.hidden,
-                    s.conv_kernel,
-                    s.conv_bias,
-                )?)
+fn layer(s: &Scope, a: &Args, i: usize, attention: bool, inter: usize) -> Result<DecoderLayer> {
+    let mixer = if attention {
+        Mixer::Attention(GqaAttention::load(
+            &s.pp("self_attn"),
+            AttentionSpec {
+                cfg: AttentionConfig::gqa(a.heads, a.kv_heads, a.head_dim),
+                hidden: a.hidden,
+                rope: a.rope.clone(),
+                bias: false,
+                qk_norm: Some(["q_layernorm", "k_layernorm"]),
+                eps: a.eps,
+                out: "out_proj",
+                output_gate: false,
+            },
+        )?)
+    } else {
+        Mixer::Conv(ShortConv::load(
+            &s.pp("conv"),
+            a.hidden,
+            a.conv_kernel,
+            a.conv_bias,
+        )?)
+    };
+    let ff = s.pp("feed_forward");
+    let mlp = match &a.moe {
+        Some(m) if i >= m.dense_layers => {
+            let widths = MoeConfig {
+                hidden: a.hidden,
+                experts: m.experts,
+                top_k: m.top_k,
+                expert_width: m.expert_width,
+                shared_width: 0,
+                renormalize: m.renormalize,
             };
-            let ff = format!("{p}.feed_forward");
-            let feed_forward = match &s.moe {
-                Some(m) if i >= m.dense_layers => {
-                    FeedForward::Sparse(SigmoidMoe::load(store, quant, &ff, s.hidden, m)?)
-                }
-                // mlx-lm's LFM2-MoE conversion renames `w1/w3/w2`; LFM2's keeps them.
-                _ if !store.contains(&format!("{ff}.w1.weight"))
-                    && store.contains(&format!("{ff}.gate_proj.weight")) =>
-                {
-                    FeedForward::Dense(SwiGlu::load(store, quant, &ff, s.hidden, inter)?)
-                }
-                _ => FeedForward::Dense(SwiGlu {
-                    gate: lin(&format!("{ff}.w1"), inter, s.hidden)?,
-                    up: lin(&format!("{ff}.w3"), inter, s.hidden)?,
-                    down: lin(&format!("{ff}.w2"), s.hidden, inter)?,
-                }),
-            };
-            blocks.push(Block {
-                operator_norm: norm("operator_norm.weight", s.hidden)?,
-                mixer,
-                ffn_norm: norm("ffn_norm.weight", s.hidden)?,
-                feed_forward,
-            });
+            Mlp::Sigmoid(SigmoidMoe::load(&ff, widths, m.expert_bias, m.scale)?)
         }
-        let embedding_norm = RmsNorm::load(store, "model.embedding_norm.weight", s.hidden, s.eps)?;
-        // mlx-lm always multiplies by the embedding; transformers uses `lm_head` only when the
-        // config unties it.
-        let lm_head = if s.tied {
-            embed.clone()
-        } else {
-            store.weight("lm_head", quant.spec_for("lm_head"), s.vocab, s.hidden)?
-        };
-
-        let mut all: Vec<&Weight> = vec![&embed];
-        let mut parameters = embed.numel() + embedding_norm.weight.numel();
-        for b in &blocks {
-            all.extend(b.weights());
-            parameters += b.other_parameters();
+        // mlx-lm's LFM2-MoE conversion renames `w1/w3/w2`; LFM2's keeps them.
+        _ if !ff.contains("w1.weight") && ff.contains("gate_proj.weight") => {
+            Mlp::Dense(SwiGlu::load(&ff, a.hidden, inter)?)
         }
-        if !s.tied {
-            all.push(&lm_head);
-        }
-        parameters += all[1..].iter().map(|w| w.numel()).sum::<usize>();
-        let moe = s.moe.map(|m| {
-            let experts: Vec<&Weight> = blocks
-                .iter()
-                .filter_map(|b| match &b.feed_forward {
-                    FeedForward::Sparse(x) => Some(x.experts.weights()),
-                    FeedForward::Dense(_) => None,
-                })
-                .flatten()
-                .collect();
-            let widths = (m.experts, m.top_k, m.expert_width, 0);
-            super::moe_info(widths, &experts, &all, parameters)
-        });
-        let info = ModelInfo {
-            family: if moe.is_some() { "lfm2_moe" } else { "lfm2" }.into(),
-            parameters,
-            weight_formats: super::formats(all),
-            layer_kinds: s
-                .attention
-                .iter()
-                .map(|&a| if a { "full_attention" } else { "conv" }.to_string())
-                .collect(),
-            context_length: s.context,
-            vocab_size: s.vocab,
-            hidden_size: s.hidden,
-            moe,
-        };
-        Ok(Lfm2 {
-            info,
-            embed,
-            blocks,
-            embedding_norm,
-            lm_head,
-            kv_heads: s.kv_heads,
-            head_dim: s.head_dim,
-        })
-    }
-}
-
-impl CausalLm for Lfm2 {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn new_state(&self) -> ModelState {
-        ModelState::new(
-            self.blocks
-                .iter()
-                .map(|b| match &b.mixer {
-                    Mixer::Conv(c) => LayerState::Conv(c.new_state()),
-                    Mixer::Attention(_) => {
-                        LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0))
-                    }
-                })
-                .collect(),
-        )
-    }
-
-    fn device(&self) -> kernels::Device {
-        self.embed.device()
-    }
-
-    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        super::embed_and_head_to_device(&mut self.embed, &mut self.lm_head, device)?;
-        self.embedding_norm.to_device(device)?;
-        for b in &mut self.blocks {
-            b.move_to(device)?;
-        }
-        Ok(())
-    }
-
-    fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
-        ensure!(!ids.is_empty(), "forward needs at least one token");
-        ensure!(
-            state.layers.len() == self.blocks.len(),
-            "the state has {} layers but the model {} (a state from another model?)",
-            state.layers.len(),
-            self.blocks.len()
-        );
-        let mut x = ops::embedding(&self.embed, ids)?;
-        for (block, layer) in self.blocks.iter().zip(state.layers.iter_mut()) {
-            x = block.forward(&x, layer)?;
-        }
-        state.pos += ids.len();
-        super::lm_logits(&x, &self.embedding_norm, &self.lm_head, all_logits)
-    }
+        _ => Mlp::Dense(SwiGlu::load_named(
+            &ff,
+            ["w1", "w3", "w2"],
+            a.hidden,
+            inter,
+        )?),
+    };
+    Ok(DecoderLayer {
+        input_norm: s.pp("operator_norm").norm(a.hidden, a.eps)?,
+        mixer,
+        post_norm: s.pp("ffn_norm").norm(a.hidden, a.eps)?,
+        mlp,
+        residual_scale: None,
+    })
 }
 
 #[cfg(test)]

@@ -7,11 +7,12 @@
 
 use anyhow::Result;
 
-use super::llama::{Llama, Scales, Variant};
+use super::llama::{Scales, Variant};
+use super::Dense;
 use crate::config::ModelConfig;
 use crate::weights::WeightStore;
 
-pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Llama> {
+pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
     let positive = |x: f64| x > 0.0;
     let scale_emb = cfg.f64_where("scale_emb", 1.0, "a positive number", positive)?;
     let scale_depth = cfg.f64_where("scale_depth", 1.0, "a positive number", positive)?;
@@ -32,5 +33,5 @@ pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Llama> {
             logits: Some((dim_model_base / hidden as f64) as f32),
         },
     };
-    Llama::load(cfg, store, variant)
+    super::llama::load(cfg, store, variant)
 }

@@ -14,10 +14,13 @@ use kernels::Tensor;
 
 use crate::cache::ModelState;
 use crate::config::ModelConfig;
+use crate::layers::decoder::decode_each;
+use crate::layers::params::{params, Describe, Params};
+use crate::layers::Decoder;
 use crate::weights::{Pages, WeightStore};
 
 /// What `engine info` prints and tools record.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ModelInfo {
     pub family: String,
     pub parameters: usize,
@@ -47,30 +50,6 @@ pub struct MoeInfo {
     pub active_weight_bytes: usize,
 }
 
-/// What a decode token reads of a sparse model: everything but the `E − k` unselected experts
-/// of each layer (embedding rows are counted whole on both sides). `widths` is (experts, top-k,
-/// expert width, shared-expert width); `experts` the stacked expert weights of every layer.
-pub(crate) fn moe_info(
-    (experts, top_k, expert_width, shared_expert_width): (usize, usize, usize, usize),
-    expert_weights: &[&kernels::Weight],
-    all: &[&kernels::Weight],
-    parameters: usize,
-) -> MoeInfo {
-    let unused = |total: usize| total / experts * (experts - top_k);
-    let expert_params: usize = expert_weights.iter().map(|w| w.numel()).sum();
-    let expert_bytes: usize = expert_weights.iter().map(|w| w.stored_bytes()).sum();
-    let weight_bytes: usize = all.iter().map(|w| w.stored_bytes()).sum();
-    MoeInfo {
-        experts,
-        experts_per_token: top_k,
-        expert_width,
-        shared_expert_width,
-        active_parameters: parameters - unused(expert_params),
-        weight_bytes,
-        active_weight_bytes: weight_bytes - unused(expert_bytes),
-    }
-}
-
 /// Runs `f`, one forward of a model whose weights live on `device`: on the CPU kernels'
 /// thread pool for the host (see `kernels::cpu::pool`); other devices keep it on the calling
 /// thread, which their contexts are bound to.
@@ -84,7 +63,7 @@ pub(crate) fn on_host_pool<R: Send>(device: kernels::Device, f: impl FnOnce() ->
 
 /// A decoder-only language model: a forward over any number of new tokens that extends a
 /// sequence state. Multi-token forwards serve prefill and speculative verification alike.
-pub trait CausalLm: Send + Sync {
+pub trait CausalLm: Params + Send + Sync {
     fn info(&self) -> &ModelInfo;
 
     /// A fresh, empty state for one sequence.
@@ -92,7 +71,9 @@ pub trait CausalLm: Send + Sync {
 
     /// Moves every weight to `device` once; forwards then run there (the embedding lookup
     /// puts the activations on the weights' device) and return logits on the host.
-    fn to_device(&mut self, device: kernels::Device) -> Result<()>;
+    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
+        crate::layers::params::to_device(self, device)
+    }
 
     /// Where the weights live (the CPU until `to_device` moves them).
     fn device(&self) -> kernels::Device;
@@ -111,28 +92,8 @@ pub trait CausalLm: Send + Sync {
     /// [`CausalLm::forward`] of that token alone gives. By default the sequences run one after
     /// another; families that batch (reading each weight once for all rows) override it.
     fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
-        decode_each(self, ids, states)
+        decode_each(ids, states, |id, s| self.forward(&[id], s, false))
     }
-}
-
-/// [`CausalLm::decode_batch`] one sequence at a time.
-pub fn decode_each<M: CausalLm + ?Sized>(
-    model: &M,
-    ids: &[u32],
-    states: &mut [&mut ModelState],
-) -> Result<Tensor> {
-    anyhow::ensure!(
-        ids.len() == states.len() && !ids.is_empty(),
-        "a batched decode step needs one token per sequence ({} tokens, {} sequences)",
-        ids.len(),
-        states.len()
-    );
-    let rows = ids
-        .iter()
-        .zip(states.iter_mut())
-        .map(|(&id, s)| model.forward(&[id], s, false))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Tensor::cat0(&rows.iter().collect::<Vec<_>>())?)
 }
 
 /// A model that drafts its own next tokens (Qwen3.5's multi-token-prediction head): the head
@@ -182,10 +143,10 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
     let dir = &cfg.dir;
     match cfg.model_type.as_str() {
         "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
-        "llama" => Ok(Box::new(llama::Llama::load(cfg, store, llama::Variant::LLAMA)?)),
+        "llama" => Ok(Box::new(llama::load(cfg, store, llama::Variant::LLAMA)?)),
         "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
         // LFM2-MoE is the same backbone with sparse feed-forwards (one loader, see lfm2.rs).
-        "lfm2" | "lfm2_moe" => Ok(Box::new(lfm2::Lfm2::load(cfg, store)?)),
+        "lfm2" | "lfm2_moe" => Ok(Box::new(lfm2::load(cfg, store)?)),
         "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
@@ -198,102 +159,59 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
     }
 }
 
-/// The shared tail of a decoder: final norm and LM head over the last position, or over every
-/// position when `all_logits` (multi-token verification).
-pub fn lm_logits(
-    x: &Tensor,
-    norm: &crate::layers::RmsNorm,
-    lm_head: &kernels::Weight,
-    all_logits: bool,
-) -> Result<Tensor> {
-    lm_logits_with(x, norm, lm_head, all_logits, Tail::default())
+/// A family that is a plain [`Decoder`] (Llama, Qwen3, MiniCPM, LFM2): the decoder and what
+/// `engine info` says of it.
+pub struct Dense {
+    info: ModelInfo,
+    decoder: Decoder,
 }
 
-/// What some families add around the LM head.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Tail {
-    /// Multiplies the normed hidden state before the head (MiniCPM).
-    pub scale: Option<f32>,
-    /// Soft-caps the logits `c·tanh(x/c)` (Gemma).
-    pub softcap: Option<f32>,
-}
+params!(Dense: decoder);
 
-/// [`lm_logits`] with a family's [`Tail`], applied on the model's device.
-pub fn lm_logits_with(
-    x: &Tensor,
-    norm: &crate::layers::RmsNorm,
-    lm_head: &kernels::Weight,
-    all_logits: bool,
-    tail: Tail,
-) -> Result<Tensor> {
-    let x = if all_logits {
-        x.clone()
-    } else {
-        x.narrow0(x.dim(0) - 1, 1)?
-    };
-    head_logits(&x, norm, lm_head, tail, false)
-}
-
-/// [`lm_logits_with`] over every row of `x`, each row a separate sequence (a batched decode
-/// step): each row's logits equal that row alone.
-pub fn lm_logits_rows(
-    x: &Tensor,
-    norm: &crate::layers::RmsNorm,
-    lm_head: &kernels::Weight,
-    tail: Tail,
-) -> Result<Tensor> {
-    head_logits(x, norm, lm_head, tail, true)
-}
-
-fn head_logits(
-    x: &Tensor,
-    norm: &crate::layers::RmsNorm,
-    lm_head: &kernels::Weight,
-    tail: Tail,
-    rows: bool,
-) -> Result<Tensor> {
-    let mut h = norm.forward(x)?;
-    if let Some(s) = tail.scale {
-        h = kernels::ops::scale(&h, s)?;
+impl Dense {
+    /// `dims` is (context length, vocabulary, hidden width); `moe` the sparse widths (experts,
+    /// top-k, expert width, shared-expert width) of a sparse model.
+    pub fn new(
+        family: &str,
+        mut decoder: Decoder,
+        (context_length, vocab_size, hidden_size): (usize, usize, usize),
+        moe: Option<(usize, usize, usize, usize)>,
+    ) -> Result<Dense> {
+        let info = Describe {
+            family,
+            layer_kinds: decoder.layer_kinds(),
+            context_length,
+            vocab_size,
+            hidden_size,
+            moe,
+        }
+        .info(&mut decoder)?;
+        Ok(Dense { info, decoder })
     }
-    let mut logits = if rows {
-        kernels::ops::matmul_rows(&h, lm_head)?
-    } else {
-        kernels::ops::matmul(&h, lm_head)?
-    };
-    if let Some(c) = tail.softcap {
-        logits = kernels::ops::softcap(&logits, c)?;
+
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
     }
-    host_logits(&logits)
 }
 
-/// Logits as sampling reads them: f32 on the host (a no-op for host f32 tensors; MLX's native
-/// path computes them in bf16, which widens exactly).
-pub(crate) fn host_logits(logits: &Tensor) -> Result<Tensor> {
-    Ok(logits.to_device(kernels::Device::Cpu)?.to_f32()?)
-}
+impl CausalLm for Dense {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
 
-/// Moves a decoder's embedding and LM head to `device`. A tied head is the embedding's own data
-/// (a clone sharing its storage): it is uploaded once and stays shared.
-pub fn embed_and_head_to_device(
-    embed: &mut kernels::Weight,
-    lm_head: &mut kernels::Weight,
-    device: kernels::Device,
-) -> Result<()> {
-    let tied = crate::layers::linear::same_weight(embed, lm_head);
-    *embed = embed.to_device(device)?;
-    *lm_head = if tied {
-        embed.clone()
-    } else {
-        lm_head.to_device(device)?
-    };
-    Ok(())
-}
+    fn new_state(&self) -> ModelState {
+        self.decoder.new_state()
+    }
 
-/// Distinct weight formats of a set of weights, sorted, for `ModelInfo`.
-pub fn formats<'a>(weights: impl IntoIterator<Item = &'a kernels::Weight>) -> Vec<String> {
-    let mut f: Vec<String> = weights.into_iter().map(|w| w.format_name()).collect();
-    f.sort();
-    f.dedup();
-    f
+    fn device(&self) -> kernels::Device {
+        self.decoder.device()
+    }
+
+    fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
+        self.decoder.forward(ids, state, all_logits)
+    }
+
+    fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
+        self.decoder.decode_batch(ids, states)
+    }
 }

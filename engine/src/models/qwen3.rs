@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 
-use super::llama::{Llama, Scales, Variant};
+use super::llama::{Scales, Variant};
+use super::Dense;
 use crate::config::ModelConfig;
 use crate::weights::WeightStore;
 
@@ -16,6 +17,6 @@ pub const VARIANT: Variant = Variant {
     },
 };
 
-pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Llama> {
-    Llama::load(cfg, store, VARIANT)
+pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
+    super::llama::load(cfg, store, VARIANT)
 }

@@ -14,237 +14,23 @@
 //!   `rope_parameters` (mlx-lm's defaults: 100000 and 0.25);
 //! - tensor names: the text model sits under `language_model.model.*` (+ `language_model.lm_head`)
 //!   in mlx-lm folders, `model.language_model.*` (+ top-level `lm_head`, `mtp.*`) in original
-//!   multimodal ones and `model.*` (+ `lm_head`) in text-only ones — see [`Layout`].
+//!   multimodal ones and `model.*` (+ `lm_head`) in text-only ones — see [`Layout`](crate::weights::Layout).
 
 use anyhow::{bail, ensure, Result};
-use kernels::{ops, ops::RopeLayout, Tensor, Weight};
+use kernels::{ops, ops::RopeLayout, Tensor};
 use serde_json::Value;
 
-use super::{CausalLm, ModelInfo, MoeInfo, SelfDrafter};
-use crate::cache::{KvCache, LayerState, ModelState};
+use super::{CausalLm, ModelInfo, SelfDrafter};
+use crate::cache::ModelState;
 use crate::config::ModelConfig;
+use crate::layers::head::host_logits;
+use crate::layers::params::{params, Describe};
 use crate::layers::{
-    AttentionConfig, GatedDeltaNet, GdnConfig, GdnPath, GqaAttention, Linear, MoeConfig, RmsNorm,
-    Rope, SparseMoe, SwiGlu,
+    AttentionConfig, AttentionSpec, Decoder, DecoderLayer, GatedDeltaNet, GdnConfig, GqaAttention,
+    Linear, Mixer, Mlp, MoeConfig, RmsNorm, Rope, SparseMoe, SwiGlu, Tail,
 };
-use crate::weights::WeightStore;
-
-/// Where a folder keeps the text model's tensors: the one place names are mapped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// Written by mlx-lm: `language_model.model.*`, `language_model.lm_head`.
-    Mlx,
-    /// Original multimodal checkpoint: `model.language_model.*`, `lm_head`, `mtp.*`.
-    Hf,
-    /// Original text-only checkpoint (`Qwen3_5ForCausalLM`): `model.*`, `lm_head`, `mtp.*`.
-    HfText,
-}
-
-impl Layout {
-    const ALL: [Layout; 3] = [Layout::Mlx, Layout::Hf, Layout::HfText];
-
-    /// Prefix of `embed_tokens`, `layers.N` and `norm`.
-    pub fn model_prefix(self) -> &'static str {
-        match self {
-            Layout::Mlx => "language_model.model",
-            Layout::Hf => "model.language_model",
-            Layout::HfText => "model",
-        }
-    }
-
-    pub fn lm_head(self) -> &'static str {
-        match self {
-            Layout::Mlx => "language_model.lm_head",
-            Layout::Hf | Layout::HfText => "lm_head",
-        }
-    }
-
-    /// mlx-lm drops `mtp.*` when converting; original folders keep it at the top level.
-    pub fn mtp_prefix(self) -> &'static str {
-        match self {
-            Layout::Mlx => "language_model.mtp",
-            Layout::Hf | Layout::HfText => "mtp",
-        }
-    }
-
-    /// The layout whose embedding table the folder holds.
-    pub fn detect(store: &WeightStore) -> Result<Layout> {
-        for l in Layout::ALL {
-            if store.contains(&format!("{}.embed_tokens.weight", l.model_prefix())) {
-                return Ok(l);
-            }
-        }
-        let tried: Vec<String> = Layout::ALL
-            .iter()
-            .map(|l| format!("`{}.embed_tokens.weight`", l.model_prefix()))
-            .collect();
-        bail!(
-            "{}: no known layout of this family: none of {} is present",
-            store.dir().display(),
-            tried.join(", ")
-        )
-    }
-}
-
-/// Whether the folder stores the 1-D RMSNorm weights of the decoder (input, post-attention,
-/// final, q/k norms — not the gated norm inside Gated DeltaNet) as `w − 1`. Original checkpoints
-/// do (transformers' `Qwen3_5RMSNorm` computes `x̂·(1 + w)`); mlx-lm adds the 1 when it converts.
-/// mlx-lm decides exactly as here: a conv1d weight whose last axis is not 1 is still in the
-/// original `[C, 1, K]` layout, so the folder was never converted and its norms need `+1`.
-pub fn norms_are_offset(store: &WeightStore, layout: Layout) -> bool {
-    let layers = format!("{}.layers.", layout.model_prefix());
-    store.names().iter().any(|n| {
-        n.starts_with(&layers)
-            && n.ends_with("conv1d.weight")
-            && store
-                .info(n)
-                .is_some_and(|(_, shape)| shape.last() != Some(&1))
-    })
-}
-
-/// Token mixer of one decoder layer. One per layer, so the variants' size difference costs
-/// nothing worth an indirection.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub enum Mixer {
-    Linear(GatedDeltaNet),
-    Full(GqaAttention),
-}
-
-/// The MLP of a decoder layer: dense SwiGLU (`qwen3_5`) or sparse experts (`qwen3_5_moe`).
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub enum Mlp {
-    Dense(SwiGlu),
-    Sparse(SparseMoe),
-}
-
-impl Mlp {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Mlp::Dense(m) => m.forward(x),
-            Mlp::Sparse(m) => m.forward(x),
-        }
-    }
-
-    /// [`Mlp::forward`] for rows of separate sequences, each equal to its row alone: dense
-    /// MLPs batch the rows; sparse ones run row by row (rows sharing an expert would otherwise
-    /// meet in one larger expert matmul, which rounds differently).
-    pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Mlp::Dense(m) => m.forward_rows(x),
-            Mlp::Sparse(m) => {
-                let rows = (0..x.dim(0))
-                    .map(|i| m.forward(&x.narrow0(i, 1)?))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Tensor::cat0(&rows.iter().collect::<Vec<_>>())?)
-            }
-        }
-    }
-
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        match self {
-            Mlp::Dense(m) => m.to_device(device),
-            Mlp::Sparse(m) => m.to_device(device),
-        }
-    }
-
-    fn weights(&self) -> Vec<&Weight> {
-        match self {
-            Mlp::Dense(m) => vec![&m.gate.weight, &m.up.weight, &m.down.weight],
-            Mlp::Sparse(m) => m.weights(),
-        }
-    }
-}
-
-/// One pre-norm decoder layer: `x + mixer(norm(x))`, then `x + mlp(norm(x))`.
-#[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    pub input_norm: RmsNorm,
-    pub mixer: Mixer,
-    pub post_norm: RmsNorm,
-    pub mlp: Mlp,
-}
-
-impl DecoderLayer {
-    pub fn forward(&self, x: &Tensor, state: &mut LayerState, gdn: GdnPath) -> Result<Tensor> {
-        let h = self.input_norm.forward(x)?;
-        let h = match &self.mixer {
-            Mixer::Linear(g) => g.forward(&h, state.recurrent_mut()?, gdn)?,
-            Mixer::Full(a) => a.forward(&h, state.kv_mut()?)?,
-        };
-        let x = ops::add(x, &h)?;
-        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
-        Ok(ops::add(&x, &h)?)
-    }
-
-    /// One decode step of several sequences (row `i` of `x` is sequence `i`'s token, `states`
-    /// their states of this layer); each row equals that sequence's [`DecoderLayer::forward`].
-    pub fn forward_batch(
-        &self,
-        x: &Tensor,
-        states: &mut [&mut LayerState],
-        gdn: GdnPath,
-    ) -> Result<Tensor> {
-        let h = self.input_norm.forward(x)?;
-        let h = match &self.mixer {
-            Mixer::Linear(g) => {
-                let mut s = states
-                    .iter_mut()
-                    .map(|l| l.recurrent_mut())
-                    .collect::<Result<Vec<_>>>()?;
-                g.forward_batch(&h, &mut s, gdn)?
-            }
-            Mixer::Full(a) => {
-                let mut c = states
-                    .iter_mut()
-                    .map(|l| l.kv_mut())
-                    .collect::<Result<Vec<_>>>()?;
-                a.forward_batch(&h, &mut c)?
-            }
-        };
-        let x = ops::add(x, &h)?;
-        let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
-        Ok(ops::add(&x, &h)?)
-    }
-
-    /// Moves every weight of the layer to `device`.
-    pub fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        self.input_norm.to_device(device)?;
-        match &mut self.mixer {
-            Mixer::Linear(g) => g.to_device(device)?,
-            Mixer::Full(a) => a.to_device(device)?,
-        }
-        self.post_norm.to_device(device)?;
-        self.mlp.to_device(device)
-    }
-
-    fn weights(&self) -> Vec<&Weight> {
-        let mut w: Vec<&Weight> = match &self.mixer {
-            Mixer::Linear(g) => g.linears().iter().map(|l| &l.weight).collect(),
-            Mixer::Full(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
-                .iter()
-                .map(|l| &l.weight)
-                .collect(),
-        };
-        w.extend(self.mlp.weights());
-        w
-    }
-
-    /// Parameters outside the weight matrices.
-    fn other_parameters(&self) -> usize {
-        let norms = self.input_norm.weight.numel() + self.post_norm.weight.numel();
-        norms
-            + match &self.mixer {
-                Mixer::Linear(g) => g.other_parameters(),
-                Mixer::Full(a) => [&a.q_norm, &a.k_norm]
-                    .iter()
-                    .flat_map(|n| n.as_ref())
-                    .map(|n| n.weight.numel())
-                    .sum(),
-            }
-    }
-}
+pub use crate::weights::Layout;
+use crate::weights::{norms_are_offset, Scope, WeightStore};
 
 /// The multi-token-prediction head of original checkpoints (used by speculative decoding; the
 /// LM head is shared with the main model). It drafts from `fc([norm_e(embed(next)) |
@@ -259,9 +45,11 @@ pub struct MtpHead {
     pub norm: RmsNorm,
 }
 
-/// Hyperparameters read from config.json (inside `text_config` when nested).
+params!(MtpHead: fc, pre_fc_norm_embedding, pre_fc_norm_hidden, layers, norm);
+
+/// config.json (inside `text_config` when nested), read once.
 #[derive(Debug, Clone)]
-struct Shape {
+struct Args {
     hidden: usize,
     layers: usize,
     heads: usize,
@@ -284,8 +72,8 @@ pub fn is_moe_type(model_type: &str) -> bool {
     matches!(model_type, "qwen3_5_moe" | "qwen3_5_moe_text")
 }
 
-impl Shape {
-    fn read(cfg: &ModelConfig) -> Result<Shape> {
+impl Args {
+    fn read(cfg: &ModelConfig) -> Result<Args> {
         let file = cfg.dir.join("config.json");
         let file = file.display();
         let hidden = cfg.width("hidden_size")?;
@@ -321,7 +109,7 @@ impl Shape {
             gdn.v_heads,
             gdn.k_heads
         );
-        Ok(Shape {
+        Ok(Args {
             hidden,
             layers,
             heads,
@@ -378,20 +166,10 @@ fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<bool>> {
         "{file}: field `full_attention_interval` must be at least 1"
     );
     let from_interval: Vec<bool> = (0..layers).map(|i| (i + 1) % interval == 0).collect();
-    let Some(types) = cfg.opt("layer_types") else {
+    let kinds = [("full_attention", true), ("linear_attention", false)];
+    let Some(kinds) = cfg.layer_types(layers, &kinds)? else {
         return Ok(from_interval);
     };
-    let Some(types) = types.as_array().filter(|t| t.len() == layers) else {
-        bail!("{file}: field `layer_types` must be a list of {layers} strings (one per layer)");
-    };
-    let mut kinds = Vec::with_capacity(layers);
-    for (i, t) in types.iter().enumerate() {
-        kinds.push(match t.as_str() {
-            Some("full_attention") => true,
-            Some("linear_attention") => false,
-            _ => bail!("{file}: field `layer_types[{i}]` must be \"linear_attention\" or \"full_attention\", got {t}"),
-        });
-    }
     if cfg.opt("full_attention_interval").is_some() && kinds != from_interval {
         bail!("{file}: fields `layer_types` and `full_attention_interval` ({interval}) describe different layer patterns");
     }
@@ -447,234 +225,112 @@ pub struct Qwen3_5 {
     info: ModelInfo,
     layout: Layout,
     norms_offset: bool,
-    embed: Weight,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Weight,
+    decoder: Decoder,
     mtp: Option<MtpHead>,
-    gdn: GdnConfig,
-    kv_heads: usize,
-    head_dim: usize,
 }
 
-/// Loads the pieces of one folder: its layout, norm convention and quantization.
-struct Loader<'a> {
-    store: &'a WeightStore,
-    cfg: &'a ModelConfig,
-    shape: &'a Shape,
-    offset: bool,
-}
+params!(Qwen3_5: decoder, mtp);
 
-impl Loader<'_> {
-    /// A decoder RMSNorm (never the gated one), undoing the `w − 1` storage when present.
-    fn norm(&self, name: &str, dim: usize) -> Result<RmsNorm> {
-        if self.offset {
-            RmsNorm::load_offset(self.store, name, dim, self.shape.eps)
-        } else {
-            RmsNorm::load(self.store, name, dim, self.shape.eps)
-        }
-    }
-
-    fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
-        Linear::load(self.store, &self.cfg.quant, prefix, out, inp)
-    }
-
-    fn attention(&self, p: &str) -> Result<GqaAttention> {
-        let s = self.shape;
-        let (h, kvh, d) = (s.heads, s.kv_heads, s.head_dim);
-        Ok(GqaAttention {
-            cfg: AttentionConfig {
-                heads: h,
-                kv_heads: kvh,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                window: None,
-                softcap: None,
+/// One decoder layer under `s`: Gated DeltaNet or gated full attention, then the MLP.
+fn layer(s: &Scope, a: &Args, index: usize, full: bool) -> Result<DecoderLayer> {
+    let mixer = if full {
+        Mixer::Attention(GqaAttention::load(
+            &s.pp("self_attn"),
+            AttentionSpec {
+                cfg: AttentionConfig::gqa(a.heads, a.kv_heads, a.head_dim),
+                hidden: a.hidden,
+                rope: a.rope.clone(),
+                bias: false,
+                qk_norm: Some(["q_norm", "k_norm"]),
+                eps: a.eps,
+                out: "o_proj",
+                output_gate: true,
             },
-            q_proj: self.linear(&format!("{p}.q_proj"), 2 * h * d, s.hidden)?,
-            k_proj: self.linear(&format!("{p}.k_proj"), kvh * d, s.hidden)?,
-            v_proj: self.linear(&format!("{p}.v_proj"), kvh * d, s.hidden)?,
-            o_proj: self.linear(&format!("{p}.o_proj"), s.hidden, h * d)?,
-            q_norm: Some(self.norm(&format!("{p}.q_norm.weight"), d)?),
-            k_norm: Some(self.norm(&format!("{p}.k_norm.weight"), d)?),
-            rope: s.rope.clone(),
-            output_gate: true,
-        })
-    }
-
-    fn layer(&self, p: &str, index: usize, full: bool) -> Result<DecoderLayer> {
-        let s = self.shape;
-        let mixer = if full {
-            Mixer::Full(self.attention(&format!("{p}.self_attn"))?)
-        } else {
-            Mixer::Linear(GatedDeltaNet::load(
-                self.store,
-                &self.cfg.quant,
-                &format!("{p}.linear_attn"),
-                s.gdn,
-                index,
-                s.eps,
-            )?)
-        };
-        Ok(DecoderLayer {
-            input_norm: self.norm(&format!("{p}.input_layernorm.weight"), s.hidden)?,
-            mixer,
-            post_norm: self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?,
-            mlp: match s.moe {
-                Some(m) => Mlp::Sparse(SparseMoe::load(
-                    self.store,
-                    &self.cfg.quant,
-                    &format!("{p}.mlp"),
-                    m,
-                )?),
-                None => Mlp::Dense(SwiGlu::load(
-                    self.store,
-                    &self.cfg.quant,
-                    &format!("{p}.mlp"),
-                    s.hidden,
-                    s.inter,
-                )?),
-            },
-        })
-    }
-
-    /// The MTP head when the folder holds `<prefix>.fc.weight`; its layers are counted from the
-    /// stored names (`mtp_num_hidden_layers` is 1 in released configs).
-    fn mtp(&self, prefix: &str) -> Result<Option<MtpHead>> {
-        if !self.store.contains(&format!("{prefix}.fc.weight")) {
-            return Ok(None);
-        }
-        let s = self.shape;
-        let layers_prefix = format!("{prefix}.layers.");
-        let count = self
-            .store
-            .names()
-            .iter()
-            .filter_map(|n| {
-                n.strip_prefix(&layers_prefix)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .max()
-            .map_or(0, |m| m + 1);
-        ensure!(
-            count <= crate::config::limits::MAX_LAYERS,
-            "{}: tensor names `{layers_prefix}N.*` go up to layer {}, more than any model has",
-            self.store.dir().display(),
-            count - 1
-        );
-        Ok(Some(MtpHead {
-            fc: self.linear(&format!("{prefix}.fc"), s.hidden, 2 * s.hidden)?,
-            pre_fc_norm_embedding: self
-                .norm(&format!("{prefix}.pre_fc_norm_embedding.weight"), s.hidden)?,
-            pre_fc_norm_hidden: self
-                .norm(&format!("{prefix}.pre_fc_norm_hidden.weight"), s.hidden)?,
-            layers: (0..count)
-                .map(|i| self.layer(&format!("{layers_prefix}{i}"), i, true))
-                .collect::<Result<_>>()?,
-            norm: self.norm(&format!("{prefix}.norm.weight"), s.hidden)?,
-        }))
-    }
+        )?)
+    } else {
+        Mixer::Linear(GatedDeltaNet::load(
+            &s.pp("linear_attn"),
+            a.gdn,
+            index,
+            a.eps,
+        )?)
+    };
+    Ok(DecoderLayer {
+        input_norm: s.pp("input_layernorm").norm(a.hidden, a.eps)?,
+        mixer,
+        post_norm: s.pp("post_attention_layernorm").norm(a.hidden, a.eps)?,
+        mlp: match a.moe {
+            Some(m) => Mlp::Sparse(SparseMoe::load(&s.pp("mlp"), m)?),
+            None => Mlp::Dense(SwiGlu::load(&s.pp("mlp"), a.hidden, a.inter)?),
+        },
+        residual_scale: None,
+    })
 }
 
-/// The MoE summary of a sparse Qwen3.5 model (see [`super::moe_info`]).
-fn moe_info(m: MoeConfig, all: &[&Weight], layers: &[DecoderLayer], parameters: usize) -> MoeInfo {
-    let experts: Vec<&Weight> = layers
-        .iter()
-        .filter_map(|l| match &l.mlp {
-            Mlp::Sparse(s) => Some(s.expert_weights()),
-            Mlp::Dense(_) => None,
-        })
-        .flatten()
-        .collect();
-    let widths = (m.experts, m.top_k, m.expert_width, m.shared_width);
-    super::moe_info(widths, &experts, all, parameters)
+/// The MTP head when the folder holds `<s>.fc.weight`; its layers are counted from the stored
+/// names (`mtp_num_hidden_layers` is 1 in released configs).
+fn mtp(s: &Scope, a: &Args) -> Result<Option<MtpHead>> {
+    if !s.contains("fc.weight") {
+        return Ok(None);
+    }
+    let count = s.pp("layers").count_children()?;
+    Ok(Some(MtpHead {
+        fc: s.pp("fc").linear(a.hidden, 2 * a.hidden)?,
+        pre_fc_norm_embedding: s.pp("pre_fc_norm_embedding").norm(a.hidden, a.eps)?,
+        pre_fc_norm_hidden: s.pp("pre_fc_norm_hidden").norm(a.hidden, a.eps)?,
+        layers: (0..count)
+            .map(|i| layer(&s.pp("layers").pp(i), a, i, true))
+            .collect::<Result<_>>()?,
+        norm: s.pp("norm").norm(a.hidden, a.eps)?,
+    }))
 }
 
 impl Qwen3_5 {
     pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Qwen3_5> {
-        let shape = Shape::read(cfg)?;
+        let a = Args::read(cfg)?;
         let layout = Layout::detect(store)?;
         let offset = norms_are_offset(store, layout);
-        let ld = Loader {
-            store,
-            cfg,
-            shape: &shape,
-            offset,
-        };
-        let m = layout.model_prefix();
-        let s = &shape;
-        let embed_name = format!("{m}.embed_tokens");
-        let embed = store.weight(
-            &embed_name,
-            cfg.quant.spec_for(&embed_name),
-            s.vocab,
-            s.hidden,
-        )?;
-        let layers = (0..s.layers)
-            .map(|i| ld.layer(&format!("{m}.layers.{i}"), i, s.full_attention[i]))
+        let root = Scope::new(store, &cfg.quant).with_norm_offset(offset);
+        let m = root.pp(layout.model_prefix());
+        let embed = m.pp("embed_tokens").weight(a.vocab, a.hidden)?;
+        let layers = (0..a.layers)
+            .map(|i| layer(&m.pp("layers").pp(i), &a, i, a.full_attention[i]))
             .collect::<Result<Vec<_>>>()?;
-        let norm = ld.norm(&format!("{m}.norm.weight"), s.hidden)?;
         // Tied heads use the embedding even when a head is stored, as mlx-lm does.
-        let head = layout.lm_head();
-        let lm_head = if s.tied {
-            embed.clone()
-        } else {
-            store.weight(head, cfg.quant.spec_for(head), s.vocab, s.hidden)?
+        let lm_head = match a.tied {
+            true => embed.clone(),
+            false => root.pp(layout.lm_head()).weight(a.vocab, a.hidden)?,
         };
-        let mtp = ld.mtp(layout.mtp_prefix())?;
-
-        let mut all: Vec<&Weight> = vec![&embed];
-        let mut parameters = embed.numel() + norm.weight.numel();
-        for l in &layers {
-            all.extend(l.weights());
-            parameters += l.other_parameters();
-        }
-        if !s.tied {
-            all.push(&lm_head);
-        }
-        parameters += all[1..].iter().map(|w| w.numel()).sum::<usize>();
-        let moe = s.moe.map(|m| moe_info(m, &all, &layers, parameters));
-        let info = ModelInfo {
-            family: if s.moe.is_some() {
+        let mut decoder = Decoder {
+            embed,
+            layers,
+            norm: m.pp("norm").norm(a.hidden, a.eps)?,
+            lm_head,
+            embed_scale: None,
+            tail: Tail::default(),
+        };
+        // `engine info` counts the main model; the MTP head is a drafting aid.
+        let info = Describe {
+            family: if a.moe.is_some() {
                 "qwen3_5_moe"
             } else {
                 "qwen3_5"
-            }
-            .into(),
-            parameters,
-            weight_formats: super::formats(all),
-            layer_kinds: s
-                .full_attention
-                .iter()
-                .map(|&f| {
-                    if f {
-                        "full_attention"
-                    } else {
-                        "linear_attention"
-                    }
-                    .to_string()
-                })
-                .collect(),
-            context_length: s.context,
-            vocab_size: s.vocab,
-            hidden_size: s.hidden,
-            moe,
-        };
+            },
+            layer_kinds: decoder.layer_kinds(),
+            context_length: a.context,
+            vocab_size: a.vocab,
+            hidden_size: a.hidden,
+            moe: a
+                .moe
+                .map(|m| (m.experts, m.top_k, m.expert_width, m.shared_width)),
+        }
+        .info(&mut decoder)?;
         Ok(Qwen3_5 {
             info,
             layout,
             norms_offset: offset,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            mtp,
-            gdn: s.gdn,
-            kv_heads: s.kv_heads,
-            head_dim: s.head_dim,
+            mtp: mtp(&root.pp(layout.mtp_prefix()), &a)?,
+            decoder,
         })
     }
 
@@ -691,12 +347,8 @@ impl Qwen3_5 {
         self.mtp.as_ref()
     }
 
-    pub fn embedding(&self) -> &Weight {
-        &self.embed
-    }
-
-    pub fn lm_head(&self) -> &Weight {
-        &self.lm_head
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
     }
 }
 
@@ -706,93 +358,23 @@ impl CausalLm for Qwen3_5 {
     }
 
     fn new_state(&self) -> ModelState {
-        ModelState::new(
-            self.layers
-                .iter()
-                .map(|l| match l.mixer {
-                    Mixer::Linear(_) => LayerState::Recurrent(self.gdn.new_state()),
-                    Mixer::Full(_) => LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)),
-                })
-                .collect(),
-        )
+        self.decoder.new_state()
     }
 
     fn device(&self) -> kernels::Device {
-        self.embed.device()
-    }
-
-    fn to_device(&mut self, device: kernels::Device) -> Result<()> {
-        super::embed_and_head_to_device(&mut self.embed, &mut self.lm_head, device)?;
-        self.norm.to_device(device)?;
-        for l in &mut self.layers {
-            l.to_device(device)?;
-        }
-        if let Some(m) = &mut self.mtp {
-            m.fc.to_device(device)?;
-            m.pre_fc_norm_embedding.to_device(device)?;
-            m.pre_fc_norm_hidden.to_device(device)?;
-            m.norm.to_device(device)?;
-            for l in &mut m.layers {
-                l.to_device(device)?;
-            }
-        }
-        Ok(())
+        self.decoder.device()
     }
 
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
-        let x = self.decode_layers(ids, state)?;
-        super::lm_logits(&x, &self.norm, &self.lm_head, all_logits)
+        self.decoder.forward(ids, state, all_logits)
     }
 
     fn drafter(&self) -> Option<&dyn SelfDrafter> {
         self.mtp.as_ref().map(|_| self as &dyn SelfDrafter)
     }
 
-    /// The decode step of several sequences with the weights read once per group of rows
-    /// (dense projections and MLPs); the conv, the delta rule, attention and the experts per
-    /// sequence. On the CPU only: elsewhere the sequences run one by one.
     fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
-        let same_path = states.windows(2).all(|w| w[0].gdn_path == w[1].gdn_path);
-        let fits = states.iter().all(|s| s.layers.len() == self.layers.len());
-        if self.device() != kernels::Device::Cpu
-            || ids.len() != states.len()
-            || ids.len() < 2
-            || !same_path
-            || !fits
-        {
-            return super::decode_each(self, ids, states);
-        }
-        let path = states[0].gdn_path;
-        let mut x = ops::embedding(&self.embed, ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut ls: Vec<&mut LayerState> =
-                states.iter_mut().map(|s| &mut s.layers[i]).collect();
-            x = layer.forward_batch(&x, &mut ls, path)?;
-        }
-        for s in states.iter_mut() {
-            s.pos += 1;
-        }
-        super::lm_logits_rows(&x, &self.norm, &self.lm_head, super::Tail::default())
-    }
-}
-
-impl Qwen3_5 {
-    /// The decoder stack over `ids`: the residual stream `[T, H]` before the final norm.
-    fn decode_layers(&self, ids: &[u32], state: &mut ModelState) -> Result<Tensor> {
-        ensure!(!ids.is_empty(), "forward needs at least one token");
-        ensure!(
-            state.layers.len() == self.layers.len(),
-            "the state has {} layers but the model {} (a state from another model?)",
-            state.layers.len(),
-            self.layers.len()
-        );
-        let path = state.gdn_path;
-        let mut x = ops::embedding(&self.embed, ids)?;
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
-            x = layer.forward(&x, ls, path)?;
-        }
-        state.pos += ids.len();
-        Ok(x)
+        self.decoder.decode_batch(ids, states)
     }
 }
 
@@ -806,24 +388,21 @@ impl SelfDrafter for Qwen3_5 {
         state: &mut ModelState,
         all_logits: bool,
     ) -> Result<(Tensor, Tensor)> {
-        let x = self.decode_layers(ids, state)?;
-        let h = self.norm.forward(&x)?;
+        let d = &self.decoder;
+        let x = d.hidden(ids, state)?;
+        let h = d.norm.forward(&x)?;
         let rows = if all_logits {
             h.clone()
         } else {
             h.narrow0(h.dim(0) - 1, 1)?
         };
-        let logits = super::host_logits(&ops::matmul(&rows, &self.lm_head)?)?;
+        let logits = host_logits(&ops::matmul(&rows, &d.lm_head)?)?;
         Ok((logits, h))
     }
 
     fn new_draft_state(&self) -> ModelState {
-        let layers = self.mtp.as_ref().map_or(0, |m| m.layers.len());
-        ModelState::new(
-            (0..layers)
-                .map(|_| LayerState::Kv(KvCache::new(self.kv_heads, self.head_dim, 0)))
-                .collect(),
-        )
+        let layers = self.mtp.as_ref().map_or(&[][..], |m| &m.layers[..]);
+        ModelState::new(layers.iter().map(|l| l.mixer.new_state()).collect())
     }
 
     fn draft(
@@ -850,7 +429,7 @@ impl SelfDrafter for Qwen3_5 {
         );
         let e = m
             .pre_fc_norm_embedding
-            .forward(&ops::embedding(&self.embed, ids)?)?;
+            .forward(&ops::embedding(&self.decoder.embed, ids)?)?;
         let h = m.pre_fc_norm_hidden.forward(hidden)?;
         let mut x = m.fc.forward(&concat_columns(&e, &h)?)?;
         let path = state.gdn_path;
@@ -861,7 +440,7 @@ impl SelfDrafter for Qwen3_5 {
         let out = m.norm.forward(&x)?;
         let logits = if logits {
             let last = out.narrow0(out.dim(0) - 1, 1)?;
-            Some(super::host_logits(&ops::matmul(&last, &self.lm_head)?)?)
+            Some(host_logits(&ops::matmul(&last, &self.decoder.lm_head)?)?)
         } else {
             None
         };

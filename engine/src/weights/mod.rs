@@ -3,8 +3,10 @@
 //! mapping between layouts belongs to each model family; this store only knows names as the
 //! files spell them.
 
+mod layout;
 pub mod pages;
 pub mod safetensors;
+mod scope;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -14,8 +16,10 @@ use kernels::{DType, QuantSpec, QuantWeight, Tensor, Weight};
 use serde_json::Value;
 
 use crate::config::short;
+pub use layout::{norms_are_offset, Layout};
 pub use pages::Pages;
 use safetensors::SafetensorsFile;
+pub use scope::Scope;
 
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";

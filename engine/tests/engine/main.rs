@@ -22,3 +22,4 @@ mod qwen3_5_paths;
 mod qwen3_determinism;
 mod sampling;
 mod session;
+mod weights_walk;

@@ -47,10 +47,7 @@ fn original_and_mlx_layouts_are_the_same_model_and_mtp_loads() {
     let mlx = load("qwen3_5_moe:tiny:f32:mlx");
     let mtp = hf.mtp().expect("the original layout has mtp.*");
     assert_eq!(mtp.layers.len(), 1);
-    assert!(matches!(
-        mtp.layers[0].mlp,
-        engine::models::qwen3_5::Mlp::Sparse(_)
-    ));
+    assert!(matches!(mtp.layers[0].mlp, engine::layers::Mlp::Sparse(_)));
     assert!(mlx.mtp().is_none());
     let ids = prompt(70);
     assert_eq!(
