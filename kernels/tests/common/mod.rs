@@ -1,6 +1,10 @@
 //! Helpers shared by the MLX and CUDA test files: deterministic inputs, moving tensors between devices,
-//! and the NMSE that conformance limits are stated in.
+//! and the NMSE that conformance limits are stated in; `conformance` holds the op-conformance
+//! table every backend binary runs.
 #![allow(dead_code)] // each test file uses its own subset
+
+#[cfg(any(feature = "mlx", feature = "cuda"))]
+pub mod conformance;
 
 use kernels::{Device, Tensor};
 
@@ -32,22 +36,39 @@ pub fn host_vec(t: &Tensor) -> Vec<f32> {
 /// NMSE Σ(a−b)²/Σa² of `got` against `reference`; panics on a shape difference, on NaN and on
 /// an inf in one result but not the other (equal infs are skipped).
 pub fn nmse(what: &str, reference: &Tensor, got: &Tensor) -> f64 {
-    assert_eq!(reference.shape(), got.shape(), "{what}: shape");
-    let (a, b) = (host_vec(reference), host_vec(got));
+    try_nmse(reference, got).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// [`nmse`], with what it panics on as an `Err`.
+pub fn try_nmse(reference: &Tensor, got: &Tensor) -> Result<f64, String> {
+    if reference.shape() != got.shape() {
+        return Err(format!(
+            "shape {:?}, reference {:?}",
+            got.shape(),
+            reference.shape()
+        ));
+    }
+    let values = |t: &Tensor| {
+        t.to_device(Device::Cpu)
+            .and_then(|t| t.to_vec_f32())
+            .map_err(|e| format!("reading the values back: {e}"))
+    };
+    let (a, b) = (values(reference)?, values(got)?);
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            !x.is_nan() && !y.is_nan(),
-            "{what}: NaN at {i} (reference {x}, got {y})"
-        );
+        if x.is_nan() || y.is_nan() {
+            return Err(format!("NaN at {i} (reference {x}, got {y})"));
+        }
         if x.is_infinite() || y.is_infinite() {
-            assert_eq!(x, y, "{what}: one-sided inf at {i}");
+            if x != y {
+                return Err(format!("one-sided inf at {i} (reference {x}, got {y})"));
+            }
             continue;
         }
         num += (x as f64 - y as f64).powi(2);
         den += (x as f64).powi(2);
     }
-    num / den.max(f64::MIN_POSITIVE)
+    Ok(num / den.max(f64::MIN_POSITIVE))
 }
 
 /// Every weight format a model loads: the dense dtypes and each quantization mode.
