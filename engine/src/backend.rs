@@ -204,8 +204,11 @@ impl Pipeline {
         };
         let mut p = Pipeline::load_with(dir, pages)?;
         if backend != Backend::Cpu {
-            kernels::numerics::with(numerics, || p.model.to_device(backend.device()))
-                .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;
+            let settings = kernels::Settings::with_numerics(numerics);
+            kernels::run(backend.device(), settings, || {
+                p.model.to_device(backend.device())
+            })
+            .with_context(|| format!("moving the weights of {} to {backend}", dir.display()))?;
         }
         Ok(p)
     }

@@ -1,5 +1,5 @@
 //! The inference engine: checkpoint loading (`config`, `weights`, `tokenizer`), model families
-//! (`models`, built from `layers`), per-sequence state (`cache`) and the generation loop
+//! (`models`, built from `layers`; what `engine info` says of them, `info`), per-sequence state (`cache`) and the generation loop
 //! (`generate`), multi-turn reuse of that state (`session`). `Pipeline` ties a checkpoint folder
 //! together.
 
@@ -9,6 +9,7 @@ pub mod cache;
 pub mod config;
 pub mod files;
 pub mod generate;
+pub mod info;
 pub mod layers;
 pub mod models;
 pub mod pipeline;

@@ -115,38 +115,17 @@ struct GenerateArgs {
     json: bool,
 }
 
-/// What `generate` and `chat` share: backend, sampling and cache settings.
+/// What `generate` and `chat` share: the request's flags, the backend and the cache layout.
 #[derive(Args)]
 struct RunArgs {
-    /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
-    #[arg(long)]
-    max_tokens: Option<usize>,
-    /// Sampling temperature; 0 is greedy [default: generation_config's, else 0].
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Keep only the k most likely tokens; 0 keeps all [default: generation_config's, else 0].
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches p [default: generation_config's, else 1].
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler (same seed, same tokens).
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    request: RequestOptions,
     /// Compute backend: `cpu` (always built); `mlx`, MLX's default device (the GPU on a Mac or
     /// with MLX's CUDA wheel, the CPU elsewhere; build with `--features mlx`); `metal`, MLX on
     /// the Metal GPU with the Metal kernels (macOS, `--features metal`); `cuda`, the native
     /// CUDA backend on an NVIDIA GPU (build with `--features cuda`).
     #[arg(long, value_name = "cpu|mlx|metal|cuda", default_value = "cpu", value_parser = parse_backend)]
     backend: Backend,
-    /// Gated DeltaNet path: `auto` (chunked for forwards of 64+ tokens, per step otherwise),
-    /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
-    #[arg(long, value_name = "auto|perstep|chunked", value_parser = parse_gdn)]
-    gdn: Option<GdnPath>,
-    /// Keep every position in the KV caches of sliding-window layers (masking to the window)
-    /// instead of rotating them; for comparisons, since it only costs memory.
-    #[arg(long)]
-    flat_kv: bool,
     /// KV layout of full-attention layers: `flat` (one buffer per layer, grown by doubling) or
     /// `paged` (blocks of --block-size positions in a pool per layer, read through block
     /// tables; full blocks with equal contents are shared). Same tokens either way.
@@ -169,6 +148,11 @@ struct RunArgs {
     /// avx512vnni, avx512bf16; neon, dotprod, i8mm on aarch64) caps it.
     #[arg(long, value_name = "exact|fast")]
     numerics: Option<kernels::numerics::Numerics>,
+    /// Cap the CPU kernels' instruction set for this run (portable, avx2, avx512, avx512vnni,
+    /// avx512bf16; neon, dotprod, i8mm on aarch64; native = no cap), to measure or check a
+    /// lower path (avx2 gives the native tokens). ENGINE_CPU_ISA caps the whole process.
+    #[arg(long, value_name = "LEVEL")]
+    isa: Option<kernels::settings::IsaCap>,
 }
 
 impl RunArgs {
@@ -177,7 +161,7 @@ impl RunArgs {
     fn load(&self, model: &std::path::Path) -> Result<(Pipeline, GdnPath)> {
         self.backend.require()?;
         kernels::cpu::isa::env_cap().map_err(anyhow::Error::msg)?;
-        let gdn_path = GdnPath::resolve(self.gdn)?;
+        let gdn_path = GdnPath::resolve(self.request.gdn_path)?;
         Ok((
             Pipeline::load_for(model, self.backend, self.numerics())?,
             gdn_path,
@@ -190,21 +174,20 @@ impl RunArgs {
             .unwrap_or_else(|| self.backend.default_numerics())
     }
 
+    /// The request the flags state, with the resolved GDN path and what the flags of the
+    /// backend and cache layout add.
     fn options(&self, gdn_path: GdnPath) -> RequestOptions {
         RequestOptions {
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
             gdn_path: Some(gdn_path),
-            flat_kv: self.flat_kv,
-            numerics: self.numerics(),
+            kernels: kernels::Settings {
+                numerics: self.numerics(),
+                isa_cap: self.isa,
+            },
             paged_kv: (self.kv == "paged").then_some(generate::PagedKv {
                 block_size: self.block_size as usize,
                 blocks: self.kv_blocks.map(|b| b as usize),
             }),
-            ..RequestOptions::default()
+            ..self.request.clone()
         }
     }
 }
@@ -478,10 +461,6 @@ fn run_chat(a: ChatArgs) -> Result<()> {
         messages.push(ChatMessage::new("assistant", text));
     }
     Ok(())
-}
-
-fn parse_gdn(s: &str) -> std::result::Result<GdnPath, String> {
-    s.parse()
 }
 
 fn parse_backend(s: &str) -> std::result::Result<Backend, String> {

@@ -20,28 +20,79 @@ pub struct Pipeline {
     pub model: Box<dyn CausalLm>,
 }
 
-/// What a user asked for; `None` falls back to generation_config.json, then the built-in.
-#[derive(Debug, Clone, Default)]
+/// A request as a user states it, the one spelling from every front end: the flags of
+/// `engine generate` and `engine chat` are its fields (clap), a line of a prompts file sets its
+/// sampling fields by the same names (serde), and the harness's path keys set the rest.
+/// `None` falls back to generation_config.json, then the built-in; [`Pipeline::request`]
+/// resolves it with the prompt into the [`GenerateRequest`] that generation runs.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RequestOptions {
+    /// Most tokens to generate [default: generation_config's max_new_tokens, else 128].
+    #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Sampling temperature; 0 is greedy [default: generation_config's, else 0].
+    #[arg(long)]
     pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens; 0 keeps all [default: generation_config's, else 0].
+    #[arg(long)]
     pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p [default: generation_config's, else 1].
+    #[arg(long)]
     pub top_p: Option<f32>,
+    /// Seed of the sampler (same seed, same tokens).
+    #[arg(long)]
     pub seed: Option<u64>,
+    /// Record the best K [token, log-prob] pairs of every step (`engine generate --top-logprobs`).
+    #[arg(skip)]
+    #[serde(skip)]
     pub top_logprobs: usize,
+    /// Prefill in pieces of at most this many tokens (`engine generate --prefill-step`).
+    #[arg(skip)]
+    #[serde(skip)]
     pub prefill_step: Option<usize>,
     /// Generate the full budget even past a stop token (for comparisons with fixed lengths).
+    #[arg(skip)]
+    #[serde(skip)]
     pub ignore_eos: bool,
-    /// Gated DeltaNet path; `None` reads `GDN_KERNEL`, else `auto`.
+    /// Gated DeltaNet path: `auto` (chunked for forwards of 64+ tokens, per step otherwise),
+    /// `perstep`, or `chunked` (every multi-token forward) [default: $GDN_KERNEL, else auto].
+    #[arg(long = "gdn", value_name = "auto|perstep|chunked")]
+    #[serde(skip)]
     pub gdn_path: Option<GdnPath>,
-    /// Sliding-window layers keep every position (masked) instead of a rotating cache.
+    /// Keep every position in the KV caches of sliding-window layers (masking to the window)
+    /// instead of rotating them; for comparisons, since it only costs memory.
+    #[arg(long)]
+    #[serde(skip)]
     pub flat_kv: bool,
-    /// Speculative decoding with the checkpoint's own draft head.
+    /// Speculative decoding with the checkpoint's own draft head (`engine generate --mtp`).
+    #[arg(skip)]
+    #[serde(skip)]
     pub mtp: Option<MtpOptions>,
-    /// Paged KV for full-attention layers.
+    /// Paged KV for full-attention layers (`--kv paged`).
+    #[arg(skip)]
+    #[serde(skip)]
     pub paged_kv: Option<PagedKv>,
-    /// The CPU kernels' arithmetic (`exact` unless asked).
-    pub numerics: kernels::numerics::Numerics,
+    /// How the kernels compute (`--numerics`, `--isa`; numerics `exact` and no ISA cap unless
+    /// asked).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub kernels: kernels::Settings,
+}
+
+impl RequestOptions {
+    /// These options with what they leave unset taken from `base` (a prompts-file line over
+    /// the command line). Only the fields a line may set can be unset here.
+    pub fn over(self, base: &RequestOptions) -> RequestOptions {
+        RequestOptions {
+            max_tokens: self.max_tokens.or(base.max_tokens),
+            temperature: self.temperature.or(base.temperature),
+            top_k: self.top_k.or(base.top_k),
+            top_p: self.top_p.or(base.top_p),
+            seed: self.seed.or(base.seed),
+            ..base.clone()
+        }
+    }
 }
 
 /// Built-in defaults when neither the request nor generation_config.json says.
@@ -136,33 +187,27 @@ impl Pipeline {
             flat_kv: o.flat_kv,
             mtp: o.mtp.clone(),
             paged_kv: o.paged_kv,
-            numerics: o.numerics,
+            kernels: o.kernels,
         }
     }
 }
 
-/// One line of a prompts file (`engine generate --prompts FILE`): the prompt as text or ids,
-/// and per-request overrides of the command line's settings.
+/// The prompt part of a prompts-file line: text (optionally through the chat template) or ids.
+/// The rest of the line is [`RequestOptions`] fields.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PromptLine {
-    pub prompt: Option<String>,
-    pub prompt_ids: Option<Vec<u32>>,
-    /// Wrap `prompt` as a user message in the chat template.
+struct LinePrompt {
+    prompt: Option<String>,
+    prompt_ids: Option<Vec<u32>>,
     #[serde(default)]
-    pub chat: bool,
-    pub max_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub seed: Option<u64>,
+    chat: bool,
 }
 
 /// Most lines a prompts file may hold (each becomes a sequence held until it finishes).
 pub const MAX_PROMPT_LINES: usize = 100_000;
 
 impl Pipeline {
-    /// Reads a prompts file, one JSON object per line ([`PromptLine`]; blank lines skipped),
+    /// Reads a prompts file, one JSON object per line (the prompt, then any sampling fields of
+    /// [`RequestOptions`]; blank lines skipped),
     /// into requests with `base`'s settings under each line's own. Errors name the file and
     /// the line.
     pub fn requests_from_file(
@@ -183,9 +228,23 @@ impl Pipeline {
                 "{}: more than {MAX_PROMPT_LINES} prompts",
                 path.display()
             );
-            let l: PromptLine = serde_json::from_str(line).with_context(|| {
+            let mut fields: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(line).with_context(|| {
+                    format!(
+                        "{}: not a prompt object like {{\"prompt\": \"Hello\", \"max_tokens\": 16}}",
+                        at()
+                    )
+                })?;
+            let mut prompt = serde_json::Map::new();
+            for key in ["prompt", "prompt_ids", "chat"] {
+                if let Some(v) = fields.remove(key) {
+                    prompt.insert(key.into(), v);
+                }
+            }
+            let l: LinePrompt = serde_json::from_value(prompt.into()).with_context(at)?;
+            let own: RequestOptions = serde_json::from_value(fields.into()).with_context(|| {
                 format!(
-                    "{}: not a prompt object like {{\"prompt\": \"Hello\", \"max_tokens\": 16}}",
+                    "{}: a line sets `prompt` or `prompt_ids`, optionally `chat`, and the fields max_tokens, temperature, top_k, top_p, seed",
                     at()
                 )
             })?;
@@ -194,15 +253,7 @@ impl Pipeline {
                 (None, Some(ids)) => ids.clone(),
                 _ => anyhow::bail!("{}: give exactly one of `prompt` and `prompt_ids`", at()),
             };
-            let o = RequestOptions {
-                max_tokens: l.max_tokens.or(base.max_tokens),
-                temperature: l.temperature.or(base.temperature),
-                top_k: l.top_k.or(base.top_k),
-                top_p: l.top_p.or(base.top_p),
-                seed: l.seed.or(base.seed),
-                ..base.clone()
-            };
-            reqs.push(self.request(ids, &o));
+            reqs.push(self.request(ids, &own.over(base)));
         }
         anyhow::ensure!(
             !reqs.is_empty(),

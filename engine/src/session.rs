@@ -37,7 +37,7 @@ struct Cached {
     gdn_path: GdnPath,
     flat_kv: bool,
     paged_kv: Option<PagedKv>,
-    numerics: kernels::numerics::Numerics,
+    kernels: kernels::Settings,
 }
 
 /// A turn's output and how much of its prompt came from the cache.
@@ -82,15 +82,13 @@ impl<'m> Session<'m> {
         };
         let reused = state.pos;
         let mut boundary = None;
-        let output = kernels::numerics::with(req.numerics, || {
-            generate::continue_plain(
-                self.model,
-                req,
-                &mut state,
-                |s| boundary = Some(s.mark()),
-                on_token,
-            )
-        })?;
+        let output = generate::continue_plain(
+            self.model,
+            req,
+            &mut state,
+            |s| boundary = Some(s.mark()),
+            on_token,
+        )?;
         let all: Vec<u32> = req
             .prompt_ids
             .iter()
@@ -104,7 +102,7 @@ impl<'m> Session<'m> {
             gdn_path: req.gdn_path,
             flat_kv: req.flat_kv,
             paged_kv: req.paged_kv,
-            numerics: req.numerics,
+            kernels: req.kernels,
         });
         Ok(Turn { output, reused })
     }
@@ -113,8 +111,8 @@ impl<'m> Session<'m> {
     /// return to (leaving at least one token to prefill); `None` when nothing is reusable.
     fn reusable(&mut self, req: &GenerateRequest) -> Option<ModelState> {
         let mut c = self.cached.take()?;
-        if (c.gdn_path, c.flat_kv, c.paged_kv, c.numerics)
-            != (req.gdn_path, req.flat_kv, req.paged_kv, req.numerics)
+        if (c.gdn_path, c.flat_kv, c.paged_kv, c.kernels)
+            != (req.gdn_path, req.flat_kv, req.paged_kv, req.kernels)
         {
             return None;
         }

@@ -185,7 +185,7 @@ impl PathSpec {
     pub fn apply(&self, opts: &mut RequestOptions) {
         opts.gdn_path = Some(self.gdn_path());
         opts.flat_kv = self.kv == Some(KvLayout::Flat);
-        opts.numerics = self.numerics.unwrap_or_default();
+        opts.kernels.numerics = self.numerics.unwrap_or_default();
         opts.paged_kv = (self.kv == Some(KvLayout::Paged)).then(PagedKv::default);
         opts.mtp = self.mtp.map(|depth| MtpOptions {
             depth: depth as usize,

@@ -8,9 +8,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kernels::numerics::{self, Numerics};
+use kernels::numerics::Numerics;
 use kernels::quant::quantize;
-use kernels::{ops, DType, QuantMode, QuantSpec, Tensor, Weight};
+use kernels::Settings;
+use kernels::{ops, DType, Device, QuantMode, QuantSpec, Tensor, Weight};
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -107,15 +108,24 @@ fn bench_group(c: &mut Criterion, name: &str, p: &Problem, formats: &[&str], wit
     }
     for &f in formats {
         let w = p.weight(f);
+        // Both paths run as a forward runs them: on the kernels' pool with their settings.
+        let on = |n| {
+            let (x, w) = (&p.x, &w);
+            move || {
+                kernels::run(Device::Cpu, Settings::with_numerics(n), || {
+                    ops::matmul(x, w)
+                })
+            }
+        };
+        let exact = on(Numerics::Exact);
         g.bench_function(format!("matmul_{f}"), |b| {
-            b.iter(|| black_box(ops::matmul(&p.x, &w).unwrap()))
+            b.iter(|| black_box(exact().unwrap()))
         });
         if f != "f32" {
             // The `fast` path: bf16 products / int8 activations against 4-bit codes.
+            let fast = on(Numerics::Fast);
             g.bench_function(format!("matmul_{f}_fast"), |b| {
-                b.iter(|| {
-                    numerics::with(Numerics::Fast, || black_box(ops::matmul(&p.x, &w).unwrap()))
-                })
+                b.iter(|| black_box(fast().unwrap()))
             });
         }
     }

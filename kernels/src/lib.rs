@@ -14,11 +14,14 @@ pub mod ops;
 pub mod params;
 pub mod quant;
 pub mod select;
+pub mod settings;
 mod storage;
 mod tensor;
 
+pub use cpu::pool::run;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use quant::{QuantMode, QuantSpec, QuantWeight, Weight};
+pub use settings::Settings;
 pub use storage::{AlignedBuf, ByteOwner, Bytes, Device, Storage};
 pub use tensor::{numel, Tensor};

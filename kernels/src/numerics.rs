@@ -15,8 +15,9 @@
 //! On the MLX backend the same switch picks MLX's two modes (`mlx::ops::native`): `exact` runs
 //! in f32, `fast` keeps weights in their stored dtype with activations in it, as mlx-lm runs.
 //!
-//! The path is chosen per thread with [`with`] (the engine wraps a request in it), read once per
-//! op on the calling thread, so two requests on two threads may use different paths.
+//! The path is a value in [`crate::Settings`], handed to [`crate::run`] with each
+//! forward and read once per op on the thread that runs it, so two requests on two threads may
+//! use different paths.
 
 use std::cell::Cell;
 use std::fmt;
@@ -68,7 +69,7 @@ thread_local! {
 
 /// Runs `f` with this thread's CPU kernels on path `n`, restoring the previous path afterwards
 /// (even if `f` panics).
-pub fn with<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
+pub(crate) fn with<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
     struct Restore(Numerics);
     impl Drop for Restore {
         fn drop(&mut self) {

@@ -68,13 +68,17 @@ impl LayerState {
     }
 }
 
-/// The state of one sequence: one entry per layer, how many positions it has seen, and how its
-/// Gated DeltaNet layers compute (families without such layers ignore `gdn_path`).
+/// The state of one sequence: one entry per layer, how many positions it has seen, how its
+/// Gated DeltaNet layers compute (families without such layers ignore `gdn_path`) and how the
+/// kernels do.
 #[derive(Debug, Clone)]
 pub struct ModelState {
     pub layers: Vec<LayerState>,
     pub pos: usize,
     pub gdn_path: GdnPath,
+    /// How the kernels compute this sequence's forwards (numerics, ISA cap): passed to
+    /// `kernels::run` with each of them.
+    pub kernels: kernels::Settings,
 }
 
 impl ModelState {
@@ -84,6 +88,7 @@ impl ModelState {
             layers,
             pos: 0,
             gdn_path: GdnPath::Auto,
+            kernels: kernels::Settings::default(),
         }
     }
 

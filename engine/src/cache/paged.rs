@@ -198,8 +198,8 @@ impl LayerPool {
             // Grow to hold block b: double, in whole blocks, up to the limit.
             let blocks = (b as usize + 1).max(2 * cap).max(4).min(self.refs.len());
             let (len, slots) = (self.k.dim(1), blocks * self.block);
-            self.k = super::kv::moved(&self.k, 0, len, slots)?;
-            self.v = super::kv::moved(&self.v, 0, len, slots)?;
+            self.k = moved(&self.k, 0, len, slots)?;
+            self.v = moved(&self.v, 0, len, slots)?;
         }
         self.free.pop();
         self.refs[b as usize] = 1;
@@ -385,4 +385,20 @@ impl Pages {
         self.len = pos;
         Ok(())
     }
+}
+/// Slots `from..from+len` of `t` `[H, old, D]` at the front of a zeroed `[H, cap, D]`.
+pub(super) fn moved(t: &Tensor, from: usize, len: usize, cap: usize) -> Result<Tensor> {
+    let (h, old, d) = (t.dim(0), t.dim(1), t.dim(2));
+    // Done on the host (rare: once per doubling, or once per window of decode steps) and put
+    // back where the cache lived.
+    let device = t.device();
+    // f32 on the host (MLX's native path keeps bf16 caches; widening is exact).
+    let t = t.to_device(kernels::Device::Cpu)?.to_f32()?;
+    let src = t.f32s()?;
+    let mut out = vec![0.0f32; h * cap * d];
+    for head in 0..h {
+        let s = (head * old + from) * d;
+        out[head * cap * d..head * cap * d + len * d].copy_from_slice(&src[s..s + len * d]);
+    }
+    Ok(Tensor::from_f32(&[h, cap, d], out)?.to_device(device)?)
 }

@@ -57,16 +57,6 @@ pub fn generate_batch(
     model: &dyn CausalLm,
     reqs: &[GenerateRequest],
     opts: BatchOptions,
-    on_token: impl FnMut(usize, u32),
-) -> Result<Vec<GenerateOutput>> {
-    let numerics = reqs.first().map(|r| r.numerics).unwrap_or_default();
-    kernels::numerics::with(numerics, || batch_on(model, reqs, opts, on_token))
-}
-
-fn batch_on(
-    model: &dyn CausalLm,
-    reqs: &[GenerateRequest],
-    opts: BatchOptions,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<GenerateOutput>> {
     let Some(first) = reqs.first() else {
@@ -75,7 +65,6 @@ fn batch_on(
     if opts.max_batch == 0 {
         bail!("a batch must run at least one sequence at a time");
     }
-    let context = model.info().context_length;
     for (i, r) in reqs.iter().enumerate() {
         validate(model, r).map_err(|e| e.context(format!("request {}", i + 1)))?;
         if r.mtp.is_some() {
@@ -84,21 +73,16 @@ fn batch_on(
                 i + 1
             );
         }
-        if (r.paged_kv, r.flat_kv, r.gdn_path, r.numerics)
-            != (
-                first.paged_kv,
-                first.flat_kv,
-                first.gdn_path,
-                first.numerics,
-            )
+        if (r.paged_kv, r.flat_kv, r.gdn_path, r.kernels)
+            != (first.paged_kv, first.flat_kv, first.gdn_path, first.kernels)
         {
             bail!(
-                "request {}: every request of a batch must use the same KV layout and GDN path",
+                "request {}: every request of a batch must use the same KV layout, GDN path and kernel settings",
                 i + 1
             );
         }
     }
-    let budget = |r: &GenerateRequest| r.max_tokens.min(context - r.prompt_ids.len());
+    let budget = |r: &GenerateRequest| super::token_budget(model, r);
     // One pool for the whole batch, sized for the largest request unless given.
     let pool = match first.paged_kv {
         Some(p) => {
@@ -196,8 +180,9 @@ fn batch_on(
             continue;
         }
         let mut states: Vec<&mut ModelState> = running.iter_mut().map(|s| &mut s.state).collect();
-        let logits =
-            crate::models::on_host_pool(model.device(), || model.decode_batch(&next, &mut states))?;
+        let logits = kernels::run(model.device(), first.kernels, || {
+            model.decode_batch(&next, &mut states)
+        })?;
         for (i, seq) in running.iter_mut().enumerate() {
             seq.logits = logits.narrow0(i, 1)?;
         }

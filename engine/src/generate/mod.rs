@@ -9,8 +9,8 @@ pub mod speculative;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kernels::numerics::{self, Numerics};
 use kernels::ops;
+use kernels::Settings;
 
 use crate::cache::ModelState;
 use crate::layers::GdnPath;
@@ -39,9 +39,9 @@ pub struct GenerateRequest {
     pub mtp: Option<MtpOptions>,
     /// Full-attention layers keep their KV in blocks of a pool instead of one flat buffer.
     pub paged_kv: Option<PagedKv>,
-    /// The CPU kernels' arithmetic: `exact` (f32 activations) or `fast` (int8 activations in
-    /// 4-bit decode products; see `kernels::numerics`). Other backends ignore it.
-    pub numerics: Numerics,
+    /// How the kernels compute: the numerics path, `exact` (f32 activations) or `fast` (see
+    /// `kernels::numerics`), and the CPU's instruction-set cap.
+    pub kernels: Settings,
 }
 
 /// Paged KV settings (see [`crate::cache::paged`]).
@@ -96,7 +96,28 @@ pub(crate) fn state_in(
         state = state.with_paged_kv(pool)?;
     }
     state.gdn_path = req.gdn_path;
+    state.kernels = req.kernels;
     Ok(state)
+}
+
+/// One forward of `ids` with the state's kernel settings (on the CPU's worker pool for the
+/// host).
+pub(crate) fn forward(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    state: &mut ModelState,
+    all_logits: bool,
+) -> Result<kernels::Tensor> {
+    let s = state.kernels;
+    kernels::run(model.device(), s, || model.forward(ids, state, all_logits))
+}
+
+/// How many tokens `req` may generate: its `max_tokens`, cut to what the context leaves after
+/// the prompt ([`validate`] has checked that the prompt fits).
+pub(crate) fn token_budget(model: &dyn CausalLm, req: &GenerateRequest) -> usize {
+    let context = model.info().context_length;
+    req.max_tokens
+        .min(context.saturating_sub(req.prompt_ids.len()))
 }
 
 /// Feeds `ids` to the model in pieces of at most `step` tokens (all at once when `None`);
@@ -109,9 +130,7 @@ pub(crate) fn prefill(
 ) -> Result<kernels::Tensor> {
     let mut logits = None;
     for piece in ids.chunks(step.unwrap_or(ids.len()).max(1)) {
-        logits = Some(crate::models::on_host_pool(model.device(), || {
-            model.forward(piece, state, false)
-        })?);
+        logits = Some(forward(model, piece, state, false)?);
     }
     Ok(logits.expect("prefill of a non-empty prompt"))
 }
@@ -283,24 +302,15 @@ fn finished(
 pub fn generate(
     model: &dyn CausalLm,
     req: &GenerateRequest,
-    on_token: impl FnMut(u32),
-) -> Result<GenerateOutput> {
-    numerics::with(req.numerics, || generate_on(model, req, on_token))
-}
-
-fn generate_on(
-    model: &dyn CausalLm,
-    req: &GenerateRequest,
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
     validate(model, req)?;
     let mut state = fresh_state(model, req)?;
     if let (Some(opts), Some(drafter)) = (&req.mtp, model.drafter()) {
         let start = Instant::now();
-        let context = model.info().context_length;
         let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
         let setup = speculative::Setup {
-            budget: req.max_tokens.min(context - req.prompt_ids.len()),
+            budget: token_budget(model, req),
             stop_ids: &req.stop_ids,
             keep_rows: req.top_logprobs > 0,
             prefill_step: step,
@@ -308,6 +318,7 @@ fn generate_on(
             sampling: req.sampling,
             start,
             device: model.device(),
+            kernels: req.kernels,
         };
         let d = speculative::decode(
             drafter,
@@ -358,7 +369,6 @@ pub(crate) fn continue_plain(
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
     let start = Instant::now();
-    let context = model.info().context_length;
     let rest = req.prompt_ids.get(state.pos..).unwrap_or_default();
     if rest.is_empty() {
         bail!(
@@ -372,7 +382,7 @@ pub(crate) fn continue_plain(
     let ttft = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
     // Grown as tokens come: the budget may be a context length of millions.
-    let mut d = Decoding::new(req, req.max_tokens.min(context - req.prompt_ids.len()));
+    let mut d = Decoding::new(req, token_budget(model, req));
     let finish = loop {
         match d.next(model, req, &logits, state.pos)? {
             Err(reason) => break reason,
@@ -381,9 +391,7 @@ pub(crate) fn continue_plain(
                 if d.tokens.len() == d.budget {
                     break FinishReason::Length;
                 }
-                logits = crate::models::on_host_pool(model.device(), || {
-                    model.forward(&[next], state, false)
-                })?;
+                logits = forward(model, &[next], state, false)?;
             }
         }
     };

@@ -10,9 +10,9 @@
 //! be trimmed, KV caches are trimmed. The head keeps its own KV caches, rolled back the same
 //! way after its chained drafts.
 
-use crate::models::on_host_pool;
 use anyhow::Result;
 use kernels::{ops, Tensor};
+use kernels::{run, Settings};
 
 use super::sampler::{Dist, Sampler, SamplingParams};
 use crate::models::SelfDrafter;
@@ -78,6 +78,8 @@ pub(super) struct Setup<'a> {
     pub start: std::time::Instant,
     /// Where the model's weights live (forwards on the CPU run on its thread pool).
     pub device: kernels::Device,
+    /// How the kernels compute (the sequence's settings, for the draft head too).
+    pub kernels: Settings,
 }
 
 /// The speculative loop from an empty `state` (greedy, or sampled by [`accept_sampled`]); `on_token` sees every emitted token.
@@ -111,14 +113,18 @@ pub(super) fn decode(
     let mut last_hidden = None;
     let mut at = 0;
     for piece in prompt.chunks(setup.prefill_step) {
-        let (l, h) = on_host_pool(setup.device, || drafter.forward_hidden(piece, state, false))?;
+        let (l, h) = run(setup.device, setup.kernels, || {
+            drafter.forward_hidden(piece, state, false)
+        })?;
         let end = at + piece.len();
         let next = &prompt[at + 1..end.min(prompt.len() - 1) + 1];
         let known = next.len().min(piece.len());
         if known > 0 {
-            drafter.draft(
-                &next[..known],
-                &h.narrow0(0, known)?,
+            let rows = h.narrow0(0, known)?;
+            draft(
+                &setup,
+                drafter,
+                (&next[..known], &rows),
                 &mut draft_state,
                 false,
             )?;
@@ -144,7 +150,8 @@ pub(super) fn decode(
         return Ok(finish(out));
     }
     // The head's pair for the prompt's last position drafts the token after `x`.
-    let (pending, mut pending_hidden) = drafter.draft(&[x], &hidden, &mut draft_state, true)?;
+    let (pending, mut pending_hidden) =
+        draft(&setup, drafter, (&[x], &hidden), &mut draft_state, true)?;
     let mut pending = pending.expect("asked for logits");
 
     while out.tokens.len() < setup.budget {
@@ -152,6 +159,7 @@ pub(super) fn decode(
         // No draft past the budget: the last token of a round is the main model's own.
         let depth = d.min(left.saturating_sub(1)).max(1);
         let (drafts, dists) = draft_round(
+            &setup,
             drafter,
             &mut draft_state,
             depth,
@@ -164,8 +172,9 @@ pub(super) fn decode(
         let mut ids = Vec::with_capacity(depth + 1);
         ids.push(x);
         ids.extend(&drafts);
-        let (verify, verify_hidden) =
-            on_host_pool(setup.device, || drafter.forward_hidden(&ids, state, true))?;
+        let (verify, verify_hidden) = run(setup.device, setup.kernels, || {
+            drafter.forward_hidden(&ids, state, true)
+        })?;
         super::check_finite(&verify, state.pos)?;
         let (kept, correction) = match sampler.as_mut() {
             None => {
@@ -187,7 +196,7 @@ pub(super) fn decode(
             // Back to `x`, then the kept tokens again: the rejected drafts left their marks in
             // the recurrent state.
             state.rollback(&before)?;
-            let (_, h) = on_host_pool(setup.device, || {
+            let (_, h) = run(setup.device, setup.kernels, || {
                 drafter.forward_hidden(&ids[..kept + 1], state, false)
             })?;
             hidden = h;
@@ -208,7 +217,7 @@ pub(super) fn decode(
         let mut next = drafts[..kept].to_vec();
         next.push(correction);
         let rows = hidden.narrow0(0, kept + 1)?;
-        let (l, h) = drafter.draft(&next, &rows, &mut draft_state, true)?;
+        let (l, h) = draft(&setup, drafter, (&next, &rows), &mut draft_state, true)?;
         pending = l.expect("asked for logits");
         pending_hidden = h.narrow0(kept, 1)?;
         x = correction;
@@ -216,10 +225,24 @@ pub(super) fn decode(
     Ok(finish(out))
 }
 
+/// One run of the draft head (see [`SelfDrafter::draft`]) with the sequence's kernel settings.
+fn draft(
+    setup: &Setup,
+    drafter: &dyn SelfDrafter,
+    (ids, hidden): (&[u32], &Tensor),
+    state: &mut crate::cache::ModelState,
+    logits: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
+    run(setup.device, setup.kernels, || {
+        drafter.draft(ids, hidden, state, logits)
+    })
+}
+
 /// The head's `depth` drafts from its pending prediction, chained on its own hidden states:
 /// its argmax when greedy, else drawn from its distribution (returned beside, for the
 /// acceptance test). Its state is left where it was (the chained steps are scratch).
 fn draft_round(
+    setup: &Setup,
     drafter: &dyn SelfDrafter,
     state: &mut crate::cache::ModelState,
     depth: usize,
@@ -244,7 +267,7 @@ fn draft_round(
         if drafts.len() == depth {
             break;
         }
-        let (l, next_h) = drafter.draft(&[next], &h, state, true)?;
+        let (l, next_h) = draft(setup, drafter, (&[next], &h), state, true)?;
         logits = l.expect("asked for logits");
         h = next_h;
     }

@@ -8,9 +8,6 @@
 use anyhow::Result;
 use kernels::{Device, Tensor, Weight};
 
-use super::linear::same_weight;
-use crate::models::{ModelInfo, MoeInfo};
-
 /// One slot of a model's weights, as the walk yields it.
 pub enum Param<'a> {
     /// A matrix in its stored format; `expert` when it stacks a sparse layer's experts (a
@@ -169,42 +166,49 @@ pub fn summarize(model: &mut (impl Params + ?Sized)) -> Result<Summary> {
     Ok(s)
 }
 
-/// The facts `engine info` prints, from one walk over the model.
-pub struct Describe<'a> {
-    pub family: &'a str,
-    pub layer_kinds: Vec<String>,
-    pub context_length: usize,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    /// (experts, top-k, expert width, shared-expert width) of a sparse model.
-    pub moe: Option<(usize, usize, usize, usize)>,
+/// Whether two weights are one stored matrix (tensor clones share their data), as a tied LM
+/// head is the embedding: such a pair must be moved to a device once and shared there.
+pub fn same_weight(a: &Weight, b: &Weight) -> bool {
+    fn same(a: &Tensor, b: &Tensor) -> bool {
+        match (a.raw_bytes(), b.raw_bytes()) {
+            (Ok(x), Ok(y)) => {
+                std::ptr::eq(x, y) && a.shape() == b.shape() && a.dtype() == b.dtype()
+            }
+            _ => false,
+        }
+    }
+    match (a, b) {
+        (Weight::Dense(x), Weight::Dense(y)) => same(x, y),
+        (Weight::Quant(x), Weight::Quant(y)) => x.spec == y.spec && same(&x.packed, &y.packed),
+        _ => false,
+    }
 }
 
-impl Describe<'_> {
-    pub fn info(self, model: &mut (impl Params + ?Sized)) -> Result<ModelInfo> {
-        let s = summarize(model)?;
-        // A decode token reads everything but the `E − k` unselected experts of each layer.
-        let moe = self.moe.map(|(experts, top_k, expert_width, shared)| {
-            let unused = |total: usize| total / experts * (experts - top_k);
-            MoeInfo {
-                experts,
-                experts_per_token: top_k,
-                expert_width,
-                shared_expert_width: shared,
-                active_parameters: s.parameters - unused(s.expert_parameters),
-                weight_bytes: s.weight_bytes,
-                active_weight_bytes: s.weight_bytes - unused(s.expert_bytes),
-            }
-        });
-        Ok(ModelInfo {
-            family: self.family.into(),
-            parameters: s.parameters,
-            weight_formats: s.formats,
-            layer_kinds: self.layer_kinds,
-            context_length: self.context_length,
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            moe,
-        })
+#[cfg(test)]
+mod tests {
+    use kernels::{DType, Tensor, Weight};
+
+    use super::same_weight;
+
+    #[test]
+    fn a_clone_is_the_same_weight_and_equal_values_are_not() {
+        let t = Tensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let w = Weight::Dense(t.clone());
+        assert!(
+            same_weight(&w, &w.clone()),
+            "a tied head shares the embedding's data"
+        );
+        let copy = Weight::Dense(Tensor::from_f32(&[2, 3], t.to_vec_f32().unwrap()).unwrap());
+        assert!(
+            !same_weight(&w, &copy),
+            "equal values in separate storage are two weights"
+        );
+        let reshaped = Weight::Dense(t.reshape(&[3, 2]).unwrap());
+        assert!(
+            !same_weight(&w, &reshaped),
+            "another shape is another weight"
+        );
+        let bytes = Tensor::from_slice(&[2, 3], DType::U8, &[0u8; 6]).unwrap();
+        assert!(!same_weight(&w, &Weight::Dense(bytes)));
     }
 }

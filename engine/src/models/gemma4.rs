@@ -29,10 +29,11 @@ use anyhow::{bail, ensure, Context, Result};
 use kernels::{ops, ops::AttnParams, ops::RopeLayout, Tensor, Weight};
 use serde_json::Value;
 
+use super::Describe;
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::{limits::check_rope_theta, ModelConfig};
-use crate::layers::params::{params, Describe};
+use crate::layers::params::params;
 use crate::layers::{head, Linear, RmsNorm, Rope, StackedExperts, Tail};
 use crate::weights::{Layout, Scope, WeightStore};
 

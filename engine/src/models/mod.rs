@@ -14,52 +14,11 @@ use kernels::Tensor;
 
 use crate::cache::ModelState;
 use crate::config::ModelConfig;
+pub use crate::info::{Describe, ModelInfo, MoeInfo};
 use crate::layers::decoder::decode_each;
-use crate::layers::params::{params, Describe, Params};
+use crate::layers::params::{params, Params};
 use crate::layers::Decoder;
 use crate::weights::{Pages, WeightStore};
-
-/// What `engine info` prints and tools record.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ModelInfo {
-    pub family: String,
-    pub parameters: usize,
-    pub weight_formats: Vec<String>,
-    pub layer_kinds: Vec<String>,
-    pub context_length: usize,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    /// Sparse families only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub moe: Option<MoeInfo>,
-}
-
-/// What a sparse mixture-of-experts model uses per token.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct MoeInfo {
-    pub experts: usize,
-    pub experts_per_token: usize,
-    pub expert_width: usize,
-    /// 0 when the model has no shared expert.
-    pub shared_expert_width: usize,
-    /// Parameters a token uses: all but the unselected experts'.
-    pub active_parameters: usize,
-    /// Bytes of every weight matrix as stored (embedding and head once when tied).
-    pub weight_bytes: usize,
-    /// Of those, the bytes a decode token reads: all but the unselected experts'.
-    pub active_weight_bytes: usize,
-}
-
-/// Runs `f`, one forward of a model whose weights live on `device`: on the CPU kernels'
-/// thread pool for the host (see `kernels::cpu::pool`); other devices keep it on the calling
-/// thread, which their contexts are bound to.
-pub(crate) fn on_host_pool<R: Send>(device: kernels::Device, f: impl FnOnce() -> R + Send) -> R {
-    if device == kernels::Device::Cpu {
-        kernels::cpu::pool::on_pool(f)
-    } else {
-        f()
-    }
-}
 
 /// A decoder-only language model: a forward over any number of new tokens that extends a
 /// sequence state. Multi-token forwards serve prefill and speculative verification alike.

@@ -20,11 +20,12 @@ use anyhow::{bail, ensure, Result};
 use kernels::{ops, ops::RopeLayout, Tensor};
 use serde_json::Value;
 
+use super::Describe;
 use super::{CausalLm, ModelInfo, SelfDrafter};
 use crate::cache::ModelState;
 use crate::config::ModelConfig;
 use crate::layers::head::host_logits;
-use crate::layers::params::{params, Describe};
+use crate::layers::params::params;
 use crate::layers::{
     AttentionConfig, AttentionSpec, Decoder, DecoderLayer, GatedDeltaNet, GdnConfig, GqaAttention,
     Linear, Mixer, Mlp, MoeConfig, RmsNorm, Rope, SparseMoe, SwiGlu, Tail,

@@ -107,7 +107,26 @@ fn prompts_file_results_equal_single_runs() {
         "--prompts",
         file.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(!ok);
     assert!(err.contains("prompts.jsonl line 2"), "{err}");
+
+    // A line sets the request's sampling fields by their names; a misspelt one, or a field a
+    // line may not set, is refused naming the line and the field.
+    for bad in ["\"temprature\": 0.5", "\"gdn_path\": \"chunked\""] {
+        std::fs::write(&file, format!("{{\"prompt\": \"ok\", {bad}}}\n")).unwrap();
+        let (ok, _, err) = engine(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompts",
+            file.to_str().unwrap(),
+        ]);
+        assert!(!ok);
+        let field = bad.split('"').nth(1).unwrap();
+        assert!(
+            err.contains("prompts.jsonl line 1") && err.contains(field),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -46,3 +46,42 @@ fn cli_output_identical_for_one_and_two_threads_in_every_format() {
         assert_eq!(one, run(d, "2"), "{fmt}: 1 vs 2 threads");
     }
 }
+
+/// `--isa` caps the kernels for the run as a value carried with the request: the AVX2 path
+/// gives the native path's output (as the goldens hold for `ENGINE_CPU_ISA=avx2`; on aarch64
+/// the name is refused like any unknown one), and a level that does not exist is refused.
+#[test]
+fn cli_isa_cap_gives_the_same_output_and_refuses_unknown_levels() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx-written/qwen3-q4");
+    let d = dir.to_str().unwrap();
+    let native = run(d, "2");
+    // `generate --isa LEVEL`: the flag belongs to the subcommand.
+    let capped = |level: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args(["generate", "--isa", level, "--model", d, "--prompt"])
+            .args([
+                "Once upon a time, far away",
+                "--max-tokens",
+                "12",
+                "--ignore-eos",
+            ])
+            .args(["--json", "--top-logprobs", "4"])
+            .output()
+            .unwrap();
+        (out.status.success(), out)
+    };
+    let (ok, out) = capped("sse9");
+    assert!(!ok);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sse9") && err.contains("portable"), "{err}");
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let (ok, out) = capped("avx2");
+    assert!(ok, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for timing in ["ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        v.as_object_mut().unwrap().remove(timing);
+    }
+    assert_eq!(v, native, "--isa avx2 vs native");
+}

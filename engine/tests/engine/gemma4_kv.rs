@@ -57,7 +57,7 @@ fn greedy(m: &dyn CausalLm, ids: &[u32], step: Option<usize>, flat: bool) -> Vec
         flat_kv: flat,
         mtp: None,
         paged_kv: None,
-        numerics: Default::default(),
+        kernels: Default::default(),
     };
     let out = generate::generate(m, &req, |_| {}).unwrap();
     assert_eq!(out.tokens.len(), 40);

@@ -54,7 +54,7 @@ mod on_mlx {
             flat_kv: false,
             mtp: None,
             paged_kv: None,
-            numerics: Default::default(),
+            kernels: Default::default(),
         };
         generate::generate(m, &req, |_| {}).unwrap().tokens
     }

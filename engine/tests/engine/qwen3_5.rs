@@ -747,7 +747,7 @@ fn greedy_decode_after_a_300_token_prefill_agrees_across_paths_and_with_the_refe
             flat_kv: false,
             mtp: None,
             paged_kv: None,
-            numerics: Default::default(),
+            kernels: Default::default(),
         };
         generate::generate(m.as_ref(), &req, |_| {}).unwrap().tokens
     };

@@ -228,7 +228,7 @@ fn run_case(
         top_logprobs: 8,
         ignore_eos: true,
         gdn_path: gdn,
-        numerics,
+        kernels: kernels::Settings::with_numerics(numerics),
         ..Default::default()
     };
     // The engine's own loop: it computes the top log-probs on the model's device (on MLX as

@@ -210,9 +210,11 @@ fn run_path(
     let pipeline = models.for_path(&path)?;
     let model = pipeline.model.as_ref();
     let mut state = path.apply_state(model.new_state())?;
-    let numerics = path.numerics.unwrap_or_default();
-    let logits = kernels::numerics::with(numerics, || model.forward(prompt, &mut state, false))?
-        .to_vec_f32()?;
+    let settings = kernels::Settings::with_numerics(path.numerics.unwrap_or_default());
+    let logits = kernels::run(model.device(), settings, || {
+        model.forward(prompt, &mut state, false)
+    })?
+    .to_vec_f32()?;
     let mut opts = RequestOptions {
         max_tokens: Some(max_tokens),
         temperature: Some(0.0),

@@ -2,8 +2,8 @@
 //! binary serves every machine of a kind, and machines of one kind differ).
 //!
 //! The CPU's features are detected once. `ENGINE_CPU_ISA` caps them at a named level, so a
-//! machine with AVX-512 can measure and test its AVX2 path too; [`with_cap`] does the same for
-//! one thread (tests run both paths in one process). Kernels read [`Isa::current`] once per op,
+//! machine with AVX-512 can measure and test its AVX2 path too; a `Settings::isa_cap` does the
+//! same for one forward (tests run both paths in one process). Kernels read [`Isa::current`] once per op,
 //! on the calling thread, and hand it to their workers, so a cap applies to the whole op.
 //!
 //! Levels, lowest first (each includes those before it):
@@ -191,13 +191,9 @@ thread_local! {
 
 /// Runs `f` with kernels on this thread capped at `level` (a name from [`LEVELS`] or
 /// `native`), restoring the previous cap afterwards, even if `f` panics.
-pub fn with_cap<R>(level: &str, f: impl FnOnce() -> R) -> Result<R, String> {
+#[cfg(test)]
+pub(crate) fn with_cap<R>(level: &str, f: impl FnOnce() -> R) -> Result<R, String> {
     Ok(with_thread_cap(Some(parse_level(level)?), f))
-}
-
-/// This thread's cap, as [`with_thread_cap`] takes it (for carrying it to another thread).
-pub(crate) fn thread_cap() -> Option<usize> {
-    THREAD_CAP.with(Cell::get)
 }
 
 /// Runs `f` with this thread's cap set to `level` (`None`: no cap but the environment's),

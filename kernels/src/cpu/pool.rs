@@ -8,49 +8,60 @@
 //! they do while still spinning from the previous loop. So the forward pass moves into the
 //! pool once, and its loops start there.
 //!
-//! The kernels read two per-thread settings (the ISA cap and the numerics path) on the
-//! calling thread; they are carried over to the worker, so the work runs exactly as it would
-//! have on the caller. Results do not depend on which thread runs them (see the module docs
+//! The kernels read the caller's [`Settings`] (the ISA cap and the numerics path) on the
+//! worker that runs them; they are set there for the span of the work (see
+//! [`crate::settings`]). Results do not depend on which thread runs them (see the module docs
 //! of [`super`]).
 
-use super::isa;
-use crate::numerics;
+use crate::settings::{install, Settings};
+use crate::Device;
+
+/// Runs `f`, one forward of a model whose weights live on `device`, with `settings`: on the
+/// CPU kernels' worker pool for the host; other devices keep it on the calling thread, which
+/// their contexts are bound to.
+pub fn run<R: Send>(device: Device, settings: Settings, f: impl FnOnce() -> R + Send) -> R {
+    if device == Device::Cpu {
+        on_pool(settings, f)
+    } else {
+        install(settings, f)
+    }
+}
 
 /// Runs `f` on a worker of rayon's global pool (directly when this thread already is one),
-/// with this thread's ISA cap and numerics path.
-pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+/// with `settings` in force.
+pub fn on_pool<R: Send>(settings: Settings, f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
-        return f();
+        return install(settings, f);
     }
-    let (cap, path) = (isa::thread_cap(), numerics::Numerics::current());
     // `scope` runs its body on a worker of the global pool and waits for it.
-    rayon::scope(move |_| isa::with_thread_cap(cap, || numerics::with(path, f)))
+    rayon::scope(move |_| install(settings, f))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::isa::Isa;
+    use crate::cpu::isa::{self, Isa};
     use crate::numerics::Numerics;
 
-    /// The work sees the caller's ISA cap and numerics path, though it runs on another thread.
+    /// The work sees the settings it was given, though it runs on another thread, and the
+    /// caller's own are untouched.
     #[test]
-    fn the_callers_settings_travel_to_the_worker() {
+    fn the_settings_reach_the_worker() {
         let caller = std::thread::current().id();
-        isa::with_cap("portable", || {
-            numerics::with(Numerics::Fast, || {
-                let (thread, isa, path) = on_pool(|| {
-                    (
-                        std::thread::current().id(),
-                        Isa::current(),
-                        Numerics::current(),
-                    )
-                });
-                assert_ne!(thread, caller, "the work should run on a pool worker");
-                assert_eq!(isa, Isa::current());
-                assert_eq!(path, Numerics::Fast);
-            })
-        })
-        .unwrap();
+        let settings = Settings {
+            numerics: Numerics::Fast,
+            isa_cap: Some("portable".parse().unwrap()),
+        };
+        let (thread, isa, path) = on_pool(settings, || {
+            (
+                std::thread::current().id(),
+                Isa::current(),
+                Numerics::current(),
+            )
+        });
+        assert_ne!(thread, caller, "the work should run on a pool worker");
+        assert_eq!(isa, isa::with_cap("portable", Isa::current).unwrap());
+        assert_eq!(path, Numerics::Fast);
+        assert_eq!(Numerics::current(), Numerics::Exact);
     }
 }

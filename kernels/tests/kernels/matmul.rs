@@ -439,7 +439,8 @@ fn empty_inputs_give_empty_outputs() {
 // ---- instruction sets and the `fast` numerics -------------------------------------------
 
 use kernels::cpu::isa;
-use kernels::numerics::{self, Numerics};
+use kernels::numerics::Numerics;
+use kernels::Settings;
 
 fn bits_of(t: &Tensor) -> Vec<u32> {
     t.f32s().unwrap().iter().map(|v| v.to_bits()).collect()
@@ -447,7 +448,16 @@ fn bits_of(t: &Tensor) -> Vec<u32> {
 
 /// `ops::matmul` with the kernels capped at `level` and on numerics `n`.
 fn matmul_at(level: &str, n: Numerics, x: &Tensor, w: &Weight) -> Tensor {
-    isa::with_cap(level, || numerics::with(n, || ops::matmul(x, w).unwrap())).unwrap()
+    at(level, n, || ops::matmul(x, w).unwrap())
+}
+
+/// Runs `f` on the kernels' pool with the ISA capped at `level` and numerics `n`.
+fn at<R: Send>(level: &str, n: Numerics, f: impl FnOnce() -> R + Send) -> R {
+    let s = Settings {
+        numerics: n,
+        isa_cap: Some(level.parse().unwrap()),
+    };
+    kernels::run(kernels::Device::Cpu, s, f)
 }
 
 #[test]
@@ -684,10 +694,7 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
         let x = Tensor::from_f32(&[m, k], random_x(m, k, 70 + m as u64)).unwrap();
         for n in [Numerics::Exact, Numerics::Fast] {
             for &level in crate::common::isa_levels() {
-                let many = isa::with_cap(level, || {
-                    numerics::with(n, || ops::matmul_many(&x, &refs).unwrap())
-                })
-                .unwrap();
+                let many = at(level, n, || ops::matmul_many(&x, &refs).unwrap());
                 assert_eq!(many.len(), ws.len());
                 for (j, (got, w)) in many.iter().zip(&ws).enumerate() {
                     let one = matmul_at(level, n, &x, w);

@@ -3,9 +3,9 @@
 //! give the same bits in thread pools of 1 and 2 threads.
 
 use half::{bf16, f16};
-use kernels::cpu::isa;
 use kernels::ops::{self, AttnParams, RopeLayout};
-use kernels::{DType, Tensor};
+use kernels::Settings;
+use kernels::{DType, Device, Tensor};
 
 /// splitmix64: small, deterministic, good enough to pick shapes and values.
 struct Rng(u64);
@@ -432,10 +432,13 @@ fn decode_attention_rows_are_independent_and_isa_invariant() {
         let v = tensor(&[hk, cap, d], cache(&mut rng, hk, cap, kv_len, d, 1.0));
         let what = format!("case {case}: T={t_len} q_start={q_start} Hq={hq} Hk={hk} D={d}");
         let at = |level: &str, q: &[f32], rows: usize, p: &AttnParams| {
-            isa::with_cap(level, || {
+            let cap = Settings {
+                isa_cap: Some(level.parse().unwrap()),
+                ..Settings::default()
+            };
+            kernels::run(Device::Cpu, cap, || {
                 bits(ops::attention(&tensor(&[rows, hq, d], q.to_vec()), &k, &v, p).unwrap())
             })
-            .unwrap()
         };
         let all = at("native", &q, t_len, &p);
         for level in crate::common::isa_levels() {

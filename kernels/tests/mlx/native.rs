@@ -6,7 +6,7 @@ use crate::common;
 use common::{host_vec, mlx, values};
 
 use half::bf16;
-use kernels::numerics::{self, Numerics};
+use kernels::numerics::Numerics;
 use kernels::ops;
 use kernels::{DType, Device, QuantMode, QuantSpec, Tensor, Weight};
 
@@ -22,8 +22,13 @@ fn f32_tensor(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_f32(shape, values(shape.iter().product(), seed)).unwrap()
 }
 
-fn native<R>(f: impl FnOnce() -> R) -> R {
-    numerics::with(Numerics::Fast, f)
+fn native<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    on_mlx(Numerics::Fast, f)
+}
+
+/// Runs `f` as a forward on MLX with numerics `n`.
+fn on_mlx<R: Send>(n: Numerics, f: impl FnOnce() -> R + Send) -> R {
+    kernels::run(Device::Mlx, kernels::Settings::with_numerics(n), f)
 }
 
 fn round_bf16(v: &[f32]) -> Vec<f32> {
@@ -158,7 +163,7 @@ fn native_activations_stay_bf16_through_the_elementwise_ops() {
     let x = mlx(&bf16_tensor(&[3, 64], 9));
     let g = mlx(&bf16_tensor(&[64], 10));
     for (numerics, want) in [(Numerics::Fast, DType::BF16), (Numerics::Exact, DType::F32)] {
-        numerics::with(numerics, || {
+        on_mlx(numerics, || {
             let outs = [
                 ops::rms_norm(&x, Some(&g), 1e-6).unwrap(),
                 ops::silu(&x).unwrap(),
