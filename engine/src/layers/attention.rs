@@ -33,6 +33,23 @@ pub struct AttentionSpec {
     pub output_gate: bool,
 }
 
+impl AttentionSpec {
+    /// Plain GQA over `hidden`: `(heads, kv_heads, head_dim)`, no biases, no q/k norms, the
+    /// output projection named `o_proj`, no output gate; families change what they add.
+    pub fn plain(hidden: usize, (h, kv, d): (usize, usize, usize), rope: Rope, eps: f32) -> Self {
+        AttentionSpec {
+            cfg: AttentionConfig::gqa(h, kv, d),
+            hidden,
+            rope,
+            bias: false,
+            qk_norm: None,
+            eps,
+            out: "o_proj",
+            output_gate: false,
+        }
+    }
+}
+
 impl AttentionConfig {
     /// `heads` query heads over `kv_heads` K/V heads of `head_dim`, scaled by `1/√head_dim`,
     /// attending to every earlier position.

@@ -28,8 +28,8 @@ use kernels::ops::RopeLayout;
 use super::Dense;
 use crate::config::ModelConfig;
 use crate::layers::{
-    AttentionConfig, AttentionSpec, Decoder, DecoderLayer, GqaAttention, Mixer, Mlp, MoeConfig,
-    Rope, ShortConv, SigmoidMoe, SwiGlu, Tail,
+    AttentionSpec, Decoder, DecoderLayer, GqaAttention, Mixer, Mlp, MoeConfig, Rope, ShortConv,
+    SigmoidMoe, SwiGlu, Tail,
 };
 use crate::weights::{Scope, WeightStore};
 
@@ -287,14 +287,14 @@ fn layer(s: &Scope, a: &Args, i: usize, attention: bool, inter: usize) -> Result
         Mixer::Attention(GqaAttention::load(
             &s.pp("self_attn"),
             AttentionSpec {
-                cfg: AttentionConfig::gqa(a.heads, a.kv_heads, a.head_dim),
-                hidden: a.hidden,
-                rope: a.rope.clone(),
-                bias: false,
                 qk_norm: Some(["q_layernorm", "k_layernorm"]),
-                eps: a.eps,
                 out: "out_proj",
-                output_gate: false,
+                ..AttentionSpec::plain(
+                    a.hidden,
+                    (a.heads, a.kv_heads, a.head_dim),
+                    a.rope.clone(),
+                    a.eps,
+                )
             },
         )?)
     } else {

@@ -155,18 +155,20 @@ pub fn load(cfg: &ModelConfig, store: &WeightStore, variant: Variant) -> Result<
 }
 
 fn layer(s: &Scope, a: &Args, variant: Variant, window: Option<usize>) -> Result<DecoderLayer> {
+    let plain = AttentionSpec::plain(
+        a.hidden,
+        (a.heads, a.kv_heads, a.head_dim),
+        a.rope.clone(),
+        a.eps,
+    );
     let attention = AttentionSpec {
         cfg: AttentionConfig {
             window,
-            ..AttentionConfig::gqa(a.heads, a.kv_heads, a.head_dim)
+            ..plain.cfg
         },
-        hidden: a.hidden,
-        rope: a.rope.clone(),
         bias: a.attention_bias,
         qk_norm: variant.qk_norm.then_some(["q_norm", "k_norm"]),
-        eps: a.eps,
-        out: "o_proj",
-        output_gate: false,
+        ..plain
     };
     let mlp = s.pp("mlp");
     let lin = |name: &str, out, inp| -> Result<Linear> {

@@ -27,8 +27,8 @@ use crate::config::ModelConfig;
 use crate::layers::head::host_logits;
 use crate::layers::params::params;
 use crate::layers::{
-    AttentionConfig, AttentionSpec, Decoder, DecoderLayer, GatedDeltaNet, GdnConfig, GqaAttention,
-    Linear, Mixer, Mlp, MoeConfig, RmsNorm, Rope, SparseMoe, SwiGlu, Tail,
+    AttentionSpec, Decoder, DecoderLayer, GatedDeltaNet, GdnConfig, GqaAttention, Linear, Mixer,
+    Mlp, MoeConfig, RmsNorm, Rope, SparseMoe, SwiGlu, Tail,
 };
 pub use crate::weights::Layout;
 use crate::weights::{norms_are_offset, Scope, WeightStore};
@@ -238,14 +238,14 @@ fn layer(s: &Scope, a: &Args, index: usize, full: bool) -> Result<DecoderLayer> 
         Mixer::Attention(GqaAttention::load(
             &s.pp("self_attn"),
             AttentionSpec {
-                cfg: AttentionConfig::gqa(a.heads, a.kv_heads, a.head_dim),
-                hidden: a.hidden,
-                rope: a.rope.clone(),
-                bias: false,
                 qk_norm: Some(["q_norm", "k_norm"]),
-                eps: a.eps,
-                out: "o_proj",
                 output_gate: true,
+                ..AttentionSpec::plain(
+                    a.hidden,
+                    (a.heads, a.kv_heads, a.head_dim),
+                    a.rope.clone(),
+                    a.eps,
+                )
             },
         )?)
     } else {

@@ -65,8 +65,12 @@ const W: usize = 56;
 /// The op families, one test each per backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Group {
-    /// matmul in every weight format and placement, embedding lookups.
+    /// matmul in every weight format the engine loads and every placement, a chain of ops.
     Matmul,
+    /// matmul in every format `quant::quantize` writes, in two placements.
+    Quant,
+    /// embedding lookups in every format.
+    Embedding,
     /// Row ops: rms_norm, softmax, log_softmax, argmax, top_k, rope.
     Rows,
     /// Unary and binary elementwise ops, narrow, all_finite.
@@ -80,8 +84,10 @@ pub enum Group {
 }
 
 impl Group {
-    pub const ALL: [Group; 6] = [
+    pub const ALL: [Group; 8] = [
         Group::Matmul,
+        Group::Quant,
+        Group::Embedding,
         Group::Rows,
         Group::Elementwise,
         Group::Attention,
@@ -189,6 +195,8 @@ pub fn cases(group: Group) -> Vec<Case> {
     let mut cases = Vec::new();
     match group {
         Group::Matmul => matmul_cases(&mut cases),
+        Group::Quant => quant_cases(&mut cases),
+        Group::Embedding => embedding_cases(&mut cases),
         Group::Rows => row_cases(&mut cases),
         Group::Elementwise => elementwise_cases(&mut cases),
         Group::Attention => attention_cases(&mut cases),
@@ -536,11 +544,6 @@ fn matmul_cases(cases: &mut Vec<Case>) {
                 move |d| Ok(one(ops::matmul(&on(d, &x)?, &w.to_device(d)?)?)),
             ));
         }
-        cases.push(case(
-            format!("embedding {fmt} 99x256"),
-            ELEMENTWISE,
-            move |d| Ok(one(ops::embedding(&w.to_device(d)?, &[0, 98, 7, 7, 50])?)),
-        ));
     }
     // Dense f32 and bf16 weights left on the host, the input moved.
     let x = host(&[7, 96], 3);
@@ -555,49 +558,13 @@ fn matmul_cases(cases: &mut Vec<Case>) {
             move |d| Ok(one(ops::matmul(&on(d, &x)?, &w)?)),
         ));
     }
-    // Every format quant::quantize writes, 48x256, five rows and one (MLX's matrix-vector
-    // path), in two placements: the input moved with the weight on the host, and the weight
-    // moved (widened once at upload) with the input on the host.
-    let x5 = host(&[5, 256], 6);
-    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
-        let w = quantized(48, 256, spec, dt, 100 + i as u64);
-        let fmt = format_of(&w, dt);
-        for m in [5usize, 1] {
-            let (w, x) = (w.clone(), x5.narrow0(0, m).unwrap());
-            cases.push(case(
-                format!("matmul {fmt} 48x256 m={m}, in | w moved"),
-                MATMUL,
-                move |d| {
-                    Ok(Out::Tensors(vec![
-                        ops::matmul(&on(d, &x)?, &w)?,
-                        ops::matmul(&x, &w.to_device(d)?)?,
-                    ]))
-                },
-            ));
-        }
-    }
-    // Embedding rows of every quantize format: decoding is exact in f32 (codes times a scale,
-    // plus a bias), so the rows are equal.
-    let ids = [3u32, 0, 47, 3, 12];
-    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
-        let w = quantized(48, 256, spec, dt, 200 + i as u64);
-        cases.push(case(
-            format!("embedding {} 48x256", format_of(&w, dt)),
-            EXACT,
-            move |d| Ok(one(ops::embedding(&w.to_device(d)?, &ids)?)),
-        ));
-    }
-    // A bf16 table and MLX's affine layout written by hand (mlx_affine), moved: embedding, and
-    // a matmul of a host input (the resident weight moves it to the backend).
+    // MLX's affine layout written by hand (mlx_affine) and a bf16 table, moved, with a host
+    // input (the resident weight moves it to the backend).
     for (name, w) in [
         ("bf16 48x64", Weight::Dense(to_bf16(&host(&[48, 64], 20)))),
         ("mlx-affine-q4-g64 48x256", mlx_affine(48, 256, 4, 64, 21)),
     ] {
         let x = host(&[3, w.cols()], 22);
-        let table = w.clone();
-        cases.push(case(format!("embedding {name}"), ELEMENTWISE, move |d| {
-            Ok(one(ops::embedding(&table.to_device(d)?, &ids)?))
-        }));
         cases.push(case(
             format!("matmul {name} m=3, host input"),
             MATMUL,
@@ -619,6 +586,63 @@ fn matmul_cases(cases: &mut Vec<Case>) {
             Ok(one(ops::mul(&ops::silu(&h)?, &g)?))
         },
     ));
+}
+
+/// Every format `quant::quantize` writes: matmuls in two placements.
+fn quant_cases(cases: &mut Vec<Case>) {
+    // Every format quant::quantize writes, 48x256, five rows and one (MLX's matrix-vector
+    // path), in two placements: the input moved with the weight on the host, and the weight
+    // moved (widened once at upload) with the input on the host.
+    let x5 = host(&[5, 256], 6);
+    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
+        let w = quantized(48, 256, spec, dt, 100 + i as u64);
+        let fmt = format_of(&w, dt);
+        for m in [5usize, 1] {
+            let (w, x) = (w.clone(), x5.narrow0(0, m).unwrap());
+            cases.push(case(
+                format!("matmul {fmt} 48x256 m={m}, in | w moved"),
+                MATMUL,
+                move |d| {
+                    Ok(Out::Tensors(vec![
+                        ops::matmul(&on(d, &x)?, &w)?,
+                        ops::matmul(&x, &w.to_device(d)?)?,
+                    ]))
+                },
+            ));
+        }
+    }
+}
+
+/// Embedding lookups: every format the engine loads, every `quant::quantize` format (exact:
+/// decoding is codes times a scale plus a bias, in f32), a bf16 table and MLX's own layout.
+fn embedding_cases(cases: &mut Vec<Case>) {
+    for (fmt, w) in weights(99, 256, 11) {
+        cases.push(case(
+            format!("embedding {fmt} 99x256"),
+            ELEMENTWISE,
+            move |d| Ok(one(ops::embedding(&w.to_device(d)?, &[0, 98, 7, 7, 50])?)),
+        ));
+    }
+    // Embedding rows of every quantize format: decoding is exact in f32 (codes times a scale,
+    // plus a bias), so the rows are equal.
+    let ids = [3u32, 0, 47, 3, 12];
+    for (i, (spec, dt)) in every_quant_format().into_iter().enumerate() {
+        let w = quantized(48, 256, spec, dt, 200 + i as u64);
+        cases.push(case(
+            format!("embedding {} 48x256", format_of(&w, dt)),
+            EXACT,
+            move |d| Ok(one(ops::embedding(&w.to_device(d)?, &ids)?)),
+        ));
+    }
+    // A bf16 table and MLX's affine layout written by hand (mlx_affine), moved.
+    for (name, w) in [
+        ("bf16 48x64", Weight::Dense(to_bf16(&host(&[48, 64], 20)))),
+        ("mlx-affine-q4-g64 48x256", mlx_affine(48, 256, 4, 64, 21)),
+    ] {
+        cases.push(case(format!("embedding {name}"), ELEMENTWISE, move |d| {
+            Ok(one(ops::embedding(&w.to_device(d)?, &ids)?))
+        }));
+    }
 }
 
 fn row_cases(cases: &mut Vec<Case>) {

@@ -43,6 +43,16 @@ fn matmul() {
 }
 
 #[test]
+fn quant() {
+    on_cuda(Group::Quant)
+}
+
+#[test]
+fn embedding() {
+    on_cuda(Group::Embedding)
+}
+
+#[test]
 fn rows() {
     on_cuda(Group::Rows)
 }

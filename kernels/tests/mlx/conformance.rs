@@ -17,6 +17,16 @@ fn matmul() {
 }
 
 #[test]
+fn quant() {
+    check(Device::Mlx, Group::Quant)
+}
+
+#[test]
+fn embedding() {
+    check(Device::Mlx, Group::Embedding)
+}
+
+#[test]
 fn rows() {
     check(Device::Mlx, Group::Rows)
 }
