@@ -268,7 +268,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         return run_batch(&p, &a, file, gdn_path);
     }
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {
-        (Some(text), _) => p.encode_prompt(text, a.chat)?,
+        (Some(text), _) => p.encode_prompt(text, a.chat, a.run.request.thinking)?,
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
@@ -431,7 +431,7 @@ fn run_chat(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", line));
-        let req = p.request(p.encode_chat(&messages)?, &opts);
+        let req = p.request(p.encode_chat(&messages, a.run.request.thinking)?, &opts);
         if a.no_reuse {
             session.reset();
         }

@@ -60,6 +60,11 @@ pub struct RequestOptions {
     #[arg(long = "gdn", value_name = "auto|perstep|chunked")]
     #[serde(skip)]
     pub gdn_path: Option<GdnPath>,
+    /// Render chat prompts with the template's `enable_thinking` on or off (Qwen3 and Qwen3.5
+    /// templates: `off` opens the answer with an empty think block) [default: the template's].
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    #[serde(skip)]
+    pub thinking: Option<bool>,
     /// Keep every position in the KV caches of sliding-window layers (masking to the window)
     /// instead of rotating them; for comparisons, since it only costs memory.
     #[arg(long)]
@@ -78,6 +83,14 @@ pub struct RequestOptions {
     #[arg(skip)]
     #[serde(skip)]
     pub kernels: kernels::Settings,
+}
+
+fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
 }
 
 impl RequestOptions {
@@ -119,20 +132,30 @@ impl Pipeline {
         })
     }
 
-    /// Prompt text to ids, through the chat template when `chat` is set.
-    pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
+    /// Prompt text to ids, through the chat template when `chat` is set (with `thinking` as
+    /// the template's `enable_thinking`, undefined when `None`).
+    pub fn encode_prompt(
+        &self,
+        text: &str,
+        chat: bool,
+        thinking: Option<bool>,
+    ) -> Result<Vec<u32>> {
         if chat {
-            self.encode_chat(&[ChatMessage::new("user", text)])
+            self.encode_chat(&[ChatMessage::new("user", text)], thinking)
         } else {
             self.tokenizer.encode(text, true)
         }
     }
 
     /// A conversation to ids through the chat template, ready for the assistant's answer.
-    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        thinking: Option<bool>,
+    ) -> Result<Vec<u32>> {
         let rendered = self
             .tokenizer
-            .apply_chat_template(messages, true)
+            .apply_chat_template_thinking(messages, true, thinking)
             .with_context(|| format!("{}: applying the chat template", self.dir.display()))?;
         // The template already wrote any special tokens it wants.
         self.tokenizer.encode(&rendered, false)
@@ -249,7 +272,9 @@ impl Pipeline {
                 )
             })?;
             let ids = match (&l.prompt, &l.prompt_ids) {
-                (Some(text), None) => self.encode_prompt(text, l.chat).with_context(at)?,
+                (Some(text), None) => self
+                    .encode_prompt(text, l.chat, base.thinking)
+                    .with_context(at)?,
                 (None, Some(ids)) => ids.clone(),
                 _ => anyhow::bail!("{}: give exactly one of `prompt` and `prompt_ids`", at()),
             };

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
             ChatMessage::new("system", "Be brief."),
             ChatMessage::new("user", "Hello"),
         ];
-        if let Ok(out) = t.render(&msgs, true, Some("<s>"), Some("</s>")) {
+        if let Ok(out) = t.render(&msgs, true, (Some("<s>"), Some("</s>")), None) {
             assert!(out.len() <= (1 << 20) + 64);
         }
     }

@@ -22,8 +22,10 @@ pub struct AttentionSpec {
     pub cfg: AttentionConfig,
     pub hidden: usize,
     pub rope: Rope,
-    /// Biases on all four projections (Llama's `attention_bias`).
-    pub bias: bool,
+    /// Biases on `q_proj`, `k_proj` and `v_proj` (Llama's `attention_bias`; always in Qwen2).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (Llama's `attention_bias`).
+    pub o_bias: bool,
     /// Names of the per-head q/k RMSNorms, when the family has them.
     pub qk_norm: Option<[&'static str; 2]>,
     pub eps: f32,
@@ -41,7 +43,8 @@ impl AttentionSpec {
             cfg: AttentionConfig::gqa(h, kv, d),
             hidden,
             rope,
-            bias: false,
+            qkv_bias: false,
+            o_bias: false,
             qk_norm: None,
             eps,
             out: "o_proj",
@@ -92,14 +95,14 @@ impl GqaAttention {
         } = spec.cfg;
         let hidden = spec.hidden;
         let q_rows = heads * head_dim * if spec.output_gate { 2 } else { 1 };
-        let lin = |name: &str, out, inp| s.pp(name).linear_with_bias(out, inp, spec.bias);
+        let lin = |name: &str, out, inp, bias| s.pp(name).linear_with_bias(out, inp, bias);
         let norm = |name: Option<&str>| name.map(|n| s.pp(n).norm(head_dim, spec.eps)).transpose();
         let [q_norm, k_norm] = spec.qk_norm.map_or([None, None], |n| n.map(Some));
         Ok(GqaAttention {
-            q_proj: lin("q_proj", q_rows, hidden)?,
-            k_proj: lin("k_proj", kv_heads * head_dim, hidden)?,
-            v_proj: lin("v_proj", kv_heads * head_dim, hidden)?,
-            o_proj: lin(spec.out, hidden, heads * head_dim)?,
+            q_proj: lin("q_proj", q_rows, hidden, spec.qkv_bias)?,
+            k_proj: lin("k_proj", kv_heads * head_dim, hidden, spec.qkv_bias)?,
+            v_proj: lin("v_proj", kv_heads * head_dim, hidden, spec.qkv_bias)?,
+            o_proj: lin(spec.out, hidden, heads * head_dim, spec.o_bias)?,
             q_norm: norm(q_norm)?,
             k_norm: norm(k_norm)?,
             cfg: spec.cfg,

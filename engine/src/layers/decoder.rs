@@ -66,6 +66,8 @@ impl Params for Mixer {
 #[derive(Debug, Clone)]
 pub enum Mlp {
     Dense(SwiGlu),
+    /// The same three projections with a tanh-GELU gate (Gemma).
+    GeGlu(SwiGlu),
     /// Softmax-routed experts with an optional shared expert (Qwen3.5-MoE).
     Sparse(SparseMoe),
     /// Sigmoid-routed experts (LFM2-MoE).
@@ -76,6 +78,7 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Mlp::Dense(m) => m.forward(x),
+            Mlp::GeGlu(m) => m.forward_gelu(x),
             Mlp::Sparse(m) => m.forward(x),
             Mlp::Sigmoid(m) => m.forward(x),
         }
@@ -87,6 +90,7 @@ impl Mlp {
     pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Mlp::Dense(m) => m.forward_rows(x),
+            Mlp::GeGlu(m) => m.forward_rows_gelu(x),
             _ => {
                 let rows = (0..x.dim(0))
                     .map(|i| self.forward(&x.narrow0(i, 1)?))
@@ -100,14 +104,15 @@ impl Mlp {
 impl Params for Mlp {
     fn params(&mut self, f: &mut Visit<'_>) -> Result<()> {
         match self {
-            Mlp::Dense(m) => m.params(f),
+            Mlp::Dense(m) | Mlp::GeGlu(m) => m.params(f),
             Mlp::Sparse(m) => m.params(f),
             Mlp::Sigmoid(m) => m.params(f),
         }
     }
 }
 
-/// One pre-norm decoder layer: `x + mixer(norm(x))`, then `x + mlp(norm(x))`.
+/// One pre-norm decoder layer: `x + mixer(norm(x))`, then `x + mlp(norm(x))`; Gemma's
+/// sandwich norms also norm each branch's output before its residual add.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_norm: RmsNorm,
@@ -116,9 +121,12 @@ pub struct DecoderLayer {
     pub mlp: Mlp,
     /// Multiplies both branches before their residual add (MiniCPM's depth scale).
     pub residual_scale: Option<f32>,
+    /// Norms of the mixer's and the MLP's outputs (Gemma's `post_attention_layernorm` and
+    /// `post_feedforward_layernorm`; `post_norm` is then its `pre_feedforward_layernorm`).
+    pub sandwich: Option<[RmsNorm; 2]>,
 }
 
-params!(DecoderLayer: input_norm, mixer, post_norm, mlp);
+params!(DecoderLayer: input_norm, mixer, post_norm, mlp, sandwich);
 
 impl DecoderLayer {
     pub fn forward(&self, x: &Tensor, state: &mut LayerState, gdn: GdnPath) -> Result<Tensor> {
@@ -128,9 +136,9 @@ impl DecoderLayer {
             Mixer::Linear(g) => g.forward(&h, state.recurrent_mut()?, gdn)?,
             Mixer::Conv(c) => c.forward(&h, state.conv_mut()?)?,
         };
-        let x = ops::add(x, &scaled(h, self.residual_scale)?)?;
+        let x = self.residual(x, h, 0)?;
         let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
-        Ok(ops::add(&x, &scaled(h, self.residual_scale)?)?)
+        self.residual(&x, h, 1)
     }
 
     /// One decode step of several sequences (row `i` of `x` is sequence `i`'s token, `states`
@@ -160,9 +168,18 @@ impl DecoderLayer {
             }
             Mixer::Conv(_) => unreachable!("Decoder::batches() excludes conv layers"),
         };
-        let x = ops::add(x, &scaled(h, self.residual_scale)?)?;
+        let x = self.residual(x, h, 0)?;
         let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
-        Ok(ops::add(&x, &scaled(h, self.residual_scale)?)?)
+        self.residual(&x, h, 1)
+    }
+
+    /// `x + branch`, the branch (0: mixer, 1: MLP) normed and scaled as the family asks.
+    fn residual(&self, x: &Tensor, branch: Tensor, which: usize) -> Result<Tensor> {
+        let h = match &self.sandwich {
+            Some(norms) => norms[which].forward(&branch)?,
+            None => branch,
+        };
+        Ok(ops::add(x, &scaled(h, self.residual_scale)?)?)
     }
 }
 

@@ -37,12 +37,37 @@ impl SwiGlu {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [gate, up] = Linear::forward_many([&self.gate, &self.up], x)?;
-        self.down.forward(&ops::swiglu(&gate, &up)?)
+        self.down.forward(&gated(&gate, &up, false)?)
     }
 
     /// [`SwiGlu::forward`] for rows of separate sequences (see [`Linear::forward_rows`]).
     pub fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
-        let h = ops::swiglu(&self.gate.forward_rows(x)?, &self.up.forward_rows(x)?)?;
+        self.rows(x, false)
+    }
+
+    /// GeGLU with the same weights: `down(gelu_tanh(gate(x)) · up(x))` (Gemma).
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        let [gate, up] = Linear::forward_many([&self.gate, &self.up], x)?;
+        self.down.forward(&gated(&gate, &up, true)?)
+    }
+
+    /// [`SwiGlu::forward_gelu`] for rows of separate sequences.
+    pub fn forward_rows_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        self.rows(x, true)
+    }
+
+    fn rows(&self, x: &Tensor, gelu: bool) -> Result<Tensor> {
+        let h = gated(&self.gate.forward_rows(x)?, &self.up.forward_rows(x)?, gelu)?;
         self.down.forward_rows(&h)
     }
 }
+
+/// `silu(gate) · up`, or `gelu_tanh(gate) · up` when `gelu`.
+fn gated(gate: &Tensor, up: &Tensor, gelu: bool) -> Result<Tensor> {
+    Ok(match gelu {
+        true => ops::mul(&ops::gelu_tanh(gate)?, up)?,
+        false => ops::swiglu(gate, up)?,
+    })
+}
+
+impl SwiGlu {}

@@ -19,7 +19,7 @@ pub use gated_delta::{GatedDeltaNet, GdnConfig, GdnPath};
 pub use head::Tail;
 pub use linear::Linear;
 pub use mlp::SwiGlu;
-pub use moe::{MoeConfig, SigmoidMoe, SparseMoe, StackedExperts};
+pub use moe::{GemmaExperts, MoeConfig, SigmoidMoe, SparseMoe, StackedExperts};
 pub use norm::RmsNorm;
 pub use params::{Param, Params};
 pub use rope::Rope;

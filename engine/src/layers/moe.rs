@@ -14,7 +14,7 @@ use anyhow::{ensure, Result};
 use kernels::{ops, Bytes, Tensor, Weight};
 
 use super::params::{params, Param, Params, Visit};
-use super::{Linear, SwiGlu};
+use super::{Linear, RmsNorm, SwiGlu};
 use crate::weights::{Scope, WeightStore};
 
 /// Widths of one sparse MLP.
@@ -222,6 +222,78 @@ impl SigmoidMoe {
         let routes = ops::moe_route_sigmoid(&self.router.forward(x)?, self.top_k, routing)?;
         let y = self.experts.forward(x, &routes)?;
         Ok(ops::moe_combine(&y, &routes.weights, self.top_k, None)?)
+    }
+}
+
+/// The sparse branch of the MoE variant (`enable_moe_block`, 26B-A4B style), summed with the
+/// dense MLP's output before `post_feedforward_layernorm`. Facts from mlx-lm 0.32
+/// `gemma4_text.py` (`Router`, `Experts`, `DecoderLayer`).
+pub struct GemmaExperts {
+    /// RMSNorm of the residual stream with gain `router.scale · hidden^-½`.
+    pub router_norm: RmsNorm,
+    /// `router.proj` `[experts, hidden]` (8-bit in quantized MLX folders).
+    pub router: Linear,
+    /// `router.per_expert_scale`, applied to the top-k weights after their softmax.
+    pub per_expert_scale: Vec<f32>,
+    pub experts: StackedExperts,
+    pub top_k: usize,
+    /// `pre_feedforward_layernorm_2`: the experts' input norm.
+    pub pre_norm: RmsNorm,
+    /// `post_feedforward_layernorm_1`: the dense MLP's output norm.
+    pub post_dense_norm: RmsNorm,
+    /// `post_feedforward_layernorm_2`: the experts' output norm.
+    pub post_norm: RmsNorm,
+}
+
+params!(GemmaExperts: router_norm, router, per_expert_scale, experts, pre_norm, post_dense_norm, post_norm);
+
+impl GemmaExperts {
+    /// Loads `router.{scale,proj,per_expert_scale}`, the experts and the three norms under `s`
+    /// (the decoder layer's scope).
+    pub fn load(
+        s: &Scope,
+        (hidden, experts, top_k, width, eps): (usize, usize, usize, usize, f32),
+    ) -> Result<GemmaExperts> {
+        let gain = (hidden as f32).powf(-0.5);
+        let scale: Vec<f32> = s.pp("router").finite_values("scale", &[hidden])?;
+        let norm = |name: &str| s.pp(name).norm(hidden, eps);
+        Ok(GemmaExperts {
+            router_norm: RmsNorm {
+                weight: Tensor::from_f32(&[hidden], scale.iter().map(|v| v * gain).collect())?,
+                eps,
+            },
+            router: s.pp("router.proj").linear(experts, hidden)?,
+            per_expert_scale: s
+                .pp("router")
+                .finite_values("per_expert_scale", &[experts])?,
+            experts: StackedExperts::load(
+                s,
+                ("experts.switch_glu", "experts"),
+                (experts, hidden, width),
+                true,
+            )?,
+            top_k,
+            pre_norm: norm("pre_feedforward_layernorm_2")?,
+            post_dense_norm: norm("post_feedforward_layernorm_1")?,
+            post_norm: norm("post_feedforward_layernorm_2")?,
+        })
+    }
+
+    /// `dense` is the dense MLP's output, `x` the residual stream; returns their sum.
+    pub fn forward(&self, x: &Tensor, dense: &Tensor) -> Result<Tensor> {
+        let logits = self.router.forward(&self.router_norm.forward(x)?)?;
+        // Softmax over all experts then renormalising the top k equals mlx-lm's softmax over
+        // the top-k logits.
+        let mut routes = ops::moe_route(&logits, self.top_k, true)?;
+        for (w, &e) in routes.weights.iter_mut().zip(&routes.experts) {
+            *w *= self.per_expert_scale[e as usize];
+        }
+        let y = self.experts.forward(&self.pre_norm.forward(x)?, &routes)?;
+        let sparse = ops::moe_combine(&y, &routes.weights, self.top_k, None)?;
+        Ok(ops::add(
+            &self.post_dense_norm.forward(dense)?,
+            &self.post_norm.forward(&sparse)?,
+        )?)
     }
 }
 

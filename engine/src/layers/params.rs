@@ -74,6 +74,12 @@ impl<T: Params> Params for Vec<T> {
     }
 }
 
+impl<T: Params, const N: usize> Params for [T; N] {
+    fn params(&mut self, f: &mut Visit<'_>) -> Result<()> {
+        self.iter_mut().try_for_each(|p| p.params(f))
+    }
+}
+
 /// A scalar kept on the host (a layer scale, one router scale of a list).
 impl Params for f32 {
     fn params(&mut self, f: &mut Visit<'_>) -> Result<()> {

@@ -49,8 +49,26 @@ impl Rope {
     /// refused rather than silently computed as something else).
     pub fn from_config(cfg: &ModelConfig, rot_dims: usize, layout: RopeLayout) -> Result<Rope> {
         let theta = cfg.rope_theta(10_000.0)?;
+        Rope::scaled(
+            cfg,
+            theta,
+            ("rope_scaling", cfg.opt("rope_scaling")),
+            rot_dims,
+            layout,
+        )
+    }
+
+    /// RoPE of base `theta` with the scaling block `scaling` (`default`, `linear` or `llama3`),
+    /// whose errors name it as the config field `field`.
+    pub fn scaled(
+        cfg: &ModelConfig,
+        theta: f64,
+        (field, scaling): (&str, Option<&serde_json::Value>),
+        rot_dims: usize,
+        layout: RopeLayout,
+    ) -> Result<Rope> {
         let plain = Rope::new(theta, rot_dims, layout);
-        let Some(s) = cfg.opt("rope_scaling") else {
+        let Some(s) = scaling else {
             return Ok(plain);
         };
         let file = cfg.path();
@@ -62,13 +80,12 @@ impl Rope {
         // A positive, finite number from `rope_scaling`, or `default` when absent.
         let num = |key: &str, default: Option<f64>| -> Result<f64> {
             match s.get(key).filter(|v| !v.is_null()) {
-                None => default.ok_or_else(|| {
-                    anyhow!("{}: field `rope_scaling.{key}` is missing", file.display())
-                }),
+                None => default
+                    .ok_or_else(|| anyhow!("{}: field `{field}.{key}` is missing", file.display())),
                 Some(v) => match v.as_f64() {
                     Some(x) if x.is_finite() && x > 0.0 => Ok(x),
                     _ => bail!(
-                        "{}: field `rope_scaling.{key}` must be a positive number, got {v}",
+                        "{}: field `{field}.{key}` must be a positive number, got {v}",
                         file.display()
                     ),
                 },
@@ -90,7 +107,7 @@ impl Rope {
                 let old_context = num("original_max_position_embeddings", Some(8192.0))?;
                 if high <= low {
                     bail!(
-                        "{}: field `rope_scaling.high_freq_factor` ({high}) must exceed `low_freq_factor` ({low})",
+                        "{}: field `{field}.high_freq_factor` ({high}) must exceed `low_freq_factor` ({low})",
                         file.display()
                     );
                 }
@@ -99,11 +116,74 @@ impl Rope {
                     .collect()
             }
             other => bail!(
-                "{}: field `rope_scaling.rope_type` = {other:?} is not supported (supported: default, linear, llama3)",
+                "{}: field `{field}.rope_type` = {other:?} is not supported (supported: default, linear, llama3)",
                 file.display()
             ),
         };
         // Scaled frequencies are no longer `θ^(−2i/d)`: MLX must take them explicitly.
+        Ok(Rope {
+            inv_freq,
+            layout,
+            base: None,
+        })
+    }
+
+    /// The RoPE of one layer kind (`sliding_attention`, `full_attention`) from
+    /// `rope_parameters.<kind>`, transformers 5's per-kind form (Gemma 3 and 4 write it):
+    /// `rope_theta` and `rope_type`, else the family's `defaults` (θ, type, partial factor).
+    /// Types: those of [`Rope::scaled`], and `proportional` (Gemma 4: frequencies
+    /// `1 / (factor·θ^(2i/head_dim))` on the first `partial_rotary_factor·head_dim / 2` pairs
+    /// of the half-split head, the other pairs unrotated).
+    pub fn of_kind(
+        cfg: &ModelConfig,
+        kind: &str,
+        head_dim: usize,
+        (default_theta, default_type, default_partial): (f64, &str, f64),
+    ) -> Result<Rope> {
+        let file = cfg.path();
+        let field = format!("rope_parameters.{kind}");
+        let params = cfg.opt("rope_parameters").and_then(|p| p.get(kind));
+        let num = |key: &str, default: f64| -> Result<f64> {
+            match params.and_then(|p| p.get(key)).filter(|v| !v.is_null()) {
+                None => Ok(default),
+                Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    anyhow!(
+                        "{}: field `{field}.{key}` must be a number, got {v}",
+                        file.display()
+                    )
+                }),
+            }
+        };
+        let theta = num("rope_theta", default_theta)?;
+        let theta =
+            crate::config::limits::check_rope_theta(cfg, &format!("{field}.rope_theta"), theta)?;
+        let rope_type = params
+            .and_then(|p| p.get("rope_type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or(default_type);
+        let layout = RopeLayout::HalfSplit;
+        if rope_type != "proportional" {
+            let scaling = serde_json::json!({"rope_type": rope_type});
+            let scaling = params
+                .filter(|p| p.get("rope_type").is_some())
+                .unwrap_or(&scaling);
+            return Rope::scaled(cfg, theta, (&field, Some(scaling)), head_dim, layout);
+        }
+        let partial = num("partial_rotary_factor", default_partial)?;
+        let factor = num("factor", 1.0)?;
+        if !(0.0..=1.0).contains(&partial) || factor <= 0.0 {
+            bail!(
+                "{}: fields `{field}.partial_rotary_factor` ({partial}) must be in [0, 1] and `{field}.factor` ({factor}) positive",
+                file.display()
+            );
+        }
+        let rotated_pairs = (head_dim as f64 * partial) as usize / 2;
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| match i < rotated_pairs {
+                true => (1.0 / (factor * theta.powf((2 * i) as f64 / head_dim as f64))) as f32,
+                false => 0.0, // an unrotated pair
+            })
+            .collect();
         Ok(Rope {
             inv_freq,
             layout,

@@ -17,7 +17,7 @@
 //!   projection of the scaled embeddings, normed and mixed, gate each layer's output;
 //! - embeddings × √hidden, tied head, logits soft-capped `c·tanh(x/c)`.
 //! - the MoE variant (`enable_moe_block`): a routed expert branch beside the dense MLP (see
-//!   [`MoeBranch`]).
+//!   [`GemmaExperts`](crate::layers::moe::GemmaExperts)).
 //!
 //! Names: `language_model.model.*` in mlx-lm folders, `model.language_model.*` in original
 //! multimodal ones, `model.*` in text-only ones ([`Layout`]). Original folders keep
@@ -25,16 +25,15 @@
 //! Sliding layers keep a rotating cache (`KvCache::rotating`: at most 2 × the window between
 //! forwards), full layers a flat one.
 
-use anyhow::{bail, ensure, Context, Result};
-use kernels::{ops, ops::AttnParams, ops::RopeLayout, Tensor, Weight};
-use serde_json::Value;
+use anyhow::{ensure, Context, Result};
+use kernels::{ops, ops::AttnParams, Tensor, Weight};
 
 use super::Describe;
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
-use crate::config::{limits::check_rope_theta, ModelConfig};
+use crate::config::ModelConfig;
 use crate::layers::params::params;
-use crate::layers::{head, Linear, RmsNorm, Rope, StackedExperts, Tail};
+use crate::layers::{head, GemmaExperts, Linear, RmsNorm, Rope, Tail};
 use crate::weights::{Layout, Scope, WeightStore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,32 +96,10 @@ struct Block {
     down_proj: Linear,
     per_layer: Option<PerLayerGate>,
     layer_scalar: Option<f32>,
-    moe: Option<MoeBranch>,
+    moe: Option<GemmaExperts>,
 }
 
 params!(Block: attn, input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm, gate_proj, up_proj, down_proj, per_layer, layer_scalar, moe);
-
-/// The sparse branch of the MoE variant (`enable_moe_block`, 26B-A4B style), summed with the
-/// dense MLP's output before `post_feedforward_layernorm`. Facts from mlx-lm 0.32
-/// `gemma4_text.py` (`Router`, `Experts`, `DecoderLayer`).
-struct MoeBranch {
-    /// RMSNorm of the residual stream with gain `router.scale · hidden^-½`.
-    router_norm: RmsNorm,
-    /// `router.proj` `[experts, hidden]` (8-bit in quantized MLX folders).
-    router: Linear,
-    /// `router.per_expert_scale`, applied to the top-k weights after their softmax.
-    per_expert_scale: Vec<f32>,
-    experts: StackedExperts,
-    top_k: usize,
-    /// `pre_feedforward_layernorm_2`: the experts' input norm.
-    pre_norm: RmsNorm,
-    /// `post_feedforward_layernorm_1`: the dense MLP's output norm.
-    post_dense_norm: RmsNorm,
-    /// `post_feedforward_layernorm_2`: the experts' output norm.
-    post_norm: RmsNorm,
-}
-
-params!(MoeBranch: router_norm, router, per_expert_scale, experts, pre_norm, post_dense_norm, post_norm);
 
 /// Layer `i` under `s`. KV-shared layers load no K/V projections (original folders keep them,
 /// unused; mlx-lm drops them).
@@ -191,58 +168,10 @@ fn block(
         per_layer,
         layer_scalar,
         moe: match a.moe {
-            Some((e, k, w)) => Some(MoeBranch::load(s, (hidden, e, k, w, a.eps))?),
+            Some((e, k, w)) => Some(GemmaExperts::load(s, (hidden, e, k, w, a.eps))?),
             None => None,
         },
     })
-}
-
-impl MoeBranch {
-    fn load(
-        s: &Scope,
-        (hidden, experts, top_k, width, eps): (usize, usize, usize, usize, f32),
-    ) -> Result<MoeBranch> {
-        let gain = (hidden as f32).powf(-0.5);
-        let scale: Vec<f32> = s.pp("router").finite_values("scale", &[hidden])?;
-        let norm = |name: &str| s.pp(name).norm(hidden, eps);
-        Ok(MoeBranch {
-            router_norm: RmsNorm {
-                weight: Tensor::from_f32(&[hidden], scale.iter().map(|v| v * gain).collect())?,
-                eps,
-            },
-            router: s.pp("router.proj").linear(experts, hidden)?,
-            per_expert_scale: s
-                .pp("router")
-                .finite_values("per_expert_scale", &[experts])?,
-            experts: StackedExperts::load(
-                s,
-                ("experts.switch_glu", "experts"),
-                (experts, hidden, width),
-                true,
-            )?,
-            top_k,
-            pre_norm: norm("pre_feedforward_layernorm_2")?,
-            post_dense_norm: norm("post_feedforward_layernorm_1")?,
-            post_norm: norm("post_feedforward_layernorm_2")?,
-        })
-    }
-
-    /// `dense` is the dense MLP's output, `x` the residual stream; returns their sum.
-    fn forward(&self, x: &Tensor, dense: &Tensor) -> Result<Tensor> {
-        let logits = self.router.forward(&self.router_norm.forward(x)?)?;
-        // Softmax over all experts then renormalising the top k equals mlx-lm's softmax over
-        // the top-k logits.
-        let mut routes = ops::moe_route(&logits, self.top_k, true)?;
-        for (w, &e) in routes.weights.iter_mut().zip(&routes.experts) {
-            *w *= self.per_expert_scale[e as usize];
-        }
-        let y = self.experts.forward(&self.pre_norm.forward(x)?, &routes)?;
-        let sparse = ops::moe_combine(&y, &routes.weights, self.top_k, None)?;
-        Ok(ops::add(
-            &self.post_dense_norm.forward(dense)?,
-            &self.post_norm.forward(&sparse)?,
-        )?)
-    }
 }
 
 /// The model-level half of the per-layer inputs.
@@ -291,67 +220,15 @@ fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<Kind>> {
         .collect())
 }
 
-/// The RoPE of one layer kind from `rope_parameters.<kind>` (mlx-lm's defaults when absent).
+/// The RoPE of one layer kind from `rope_parameters.<kind>`, with mlx-lm's defaults where
+/// absent: full layers proportional over a quarter of the head at θ = 1e6, sliding ones plain
+/// at θ = 1e4.
 fn rope_for(cfg: &ModelConfig, kind: Kind, head_dim: usize) -> Result<Rope> {
-    let file = cfg.path();
-    let params = cfg.opt("rope_parameters").and_then(|p| p.get(kind.name()));
-    let field = |key: &str| format!("rope_parameters.{}.{key}", kind.name());
-    let num = |key: &str, default: f64| -> Result<f64> {
-        match params.and_then(|p| p.get(key)).filter(|v| !v.is_null()) {
-            None => Ok(default),
-            Some(v) => v.as_f64().filter(|x| x.is_finite()).with_context(|| {
-                format!(
-                    "{}: field `{}` must be a number, got {v}",
-                    file.display(),
-                    field(key)
-                )
-            }),
-        }
-    };
-    let (default_theta, default_type, default_partial) = match kind {
+    let defaults = match kind {
         Kind::Full => (1e6, "proportional", 0.25),
         Kind::Sliding => (1e4, "default", 1.0),
     };
-    let theta = check_rope_theta(cfg, &field("rope_theta"), num("rope_theta", default_theta)?)?;
-    let kind_name = params
-        .and_then(|p| p.get("rope_type"))
-        .and_then(Value::as_str)
-        .unwrap_or(default_type);
-    match kind_name {
-        "default" => Ok(Rope::new(theta, head_dim, RopeLayout::HalfSplit)),
-        "proportional" => {
-            let partial = num("partial_rotary_factor", default_partial)?;
-            let factor = num("factor", 1.0)?;
-            ensure!(
-                (0.0..=1.0).contains(&partial) && factor > 0.0,
-                "{}: fields `{}` ({partial}) must be in [0, 1] and `{}` ({factor}) positive",
-                file.display(),
-                field("partial_rotary_factor"),
-                field("factor")
-            );
-            let rotated_pairs = (head_dim as f64 * partial) as usize / 2;
-            let inv_freq = (0..head_dim / 2)
-                .map(|i| {
-                    if i < rotated_pairs {
-                        let exponent = (2 * i) as f64 / head_dim as f64;
-                        (1.0 / (factor * theta.powf(exponent))) as f32
-                    } else {
-                        0.0 // an unrotated pair
-                    }
-                })
-                .collect();
-            Ok(Rope {
-                inv_freq,
-                layout: RopeLayout::HalfSplit,
-                base: None,
-            })
-        }
-        other => bail!(
-            "{}: field `{}` = {other:?} is not supported (default, proportional)",
-            file.display(),
-            field("rope_type")
-        ),
-    }
+    Rope::of_kind(cfg, kind.name(), head_dim, defaults)
 }
 
 /// config.json (inside `text_config` when nested), read once.

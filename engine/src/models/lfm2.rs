@@ -138,7 +138,7 @@ fn moe_shape(cfg: &ModelConfig, layers: usize) -> Result<MoeShape> {
 
 /// Which layers are attention: `layer_types` and `full_attn_idxs` (either; both must agree when
 /// both are given), else all of them (transformers' default).
-fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<bool>> {
+pub fn layer_kinds(cfg: &ModelConfig, layers: usize) -> Result<Vec<bool>> {
     let file = cfg.path();
     let file = file.display();
     let from_types = cfg.layer_types(layers, &[("full_attention", true), ("conv", false)])?;
@@ -335,52 +335,6 @@ fn layer(s: &Scope, a: &Args, i: usize, attention: bool, inter: usize) -> Result
         post_norm: s.pp("ffn_norm").norm(a.hidden, a.eps)?,
         mlp,
         residual_scale: None,
+        sandwich: None,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn config(extra: serde_json::Value) -> ModelConfig {
-        let mut root = json!({"model_type": "lfm2", "num_hidden_layers": 4});
-        for (k, v) in extra.as_object().unwrap() {
-            root[k] = v.clone();
-        }
-        ModelConfig::from_value(std::path::Path::new("/x"), root).unwrap()
-    }
-
-    #[test]
-    fn ff_width_follows_both_references() {
-        // LFM2-350M: int(2·6656/3) = 4437, ×1.0, rounded up to 256.
-        let c = config(json!({"block_ff_dim": 6656, "block_multiple_of": 256,
-            "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": true}));
-        assert_eq!(ff_width(&c, None).unwrap(), 4608);
-        assert_eq!(ff_width(&c, Some(4608)).unwrap(), 4608);
-        assert!(ff_width(&c, Some(4437)).is_err());
-        // No multiplier: mlx-lm rounds (4608), transformers does not (4437); w1 decides.
-        let c = config(json!({"block_ff_dim": 6656, "block_auto_adjust_ff_dim": true}));
-        assert_eq!(ff_width(&c, Some(4437)).unwrap(), 4437);
-        assert_eq!(ff_width(&c, Some(4608)).unwrap(), 4608);
-        // Not adjusted: the width as given; `block_ff_dim` wins over `intermediate_size`.
-        let c = config(json!({"block_ff_dim": 10752, "intermediate_size": 1,
-            "block_auto_adjust_ff_dim": false}));
-        assert_eq!(ff_width(&c, None).unwrap(), 10752);
-    }
-
-    #[test]
-    fn layer_kinds_from_either_field() {
-        let idxs = config(json!({"full_attn_idxs": [1, 3]}));
-        assert_eq!(layer_kinds(&idxs, 4).unwrap(), [false, true, false, true]);
-        let types = config(json!({"layer_types": ["conv", "full_attention", "conv", "conv"]}));
-        assert_eq!(layer_kinds(&types, 4).unwrap(), [false, true, false, false]);
-        let both = config(json!({"full_attn_idxs": [1],
-            "layer_types": ["conv", "full_attention", "conv", "full_attention"]}));
-        assert!(layer_kinds(&both, 4).is_err());
-        let bad = config(json!({"full_attn_idxs": [4]}));
-        assert!(layer_kinds(&bad, 4).is_err());
-        assert_eq!(layer_kinds(&config(json!({})), 4).unwrap(), [true; 4]);
-    }
 }

@@ -3,8 +3,9 @@
 //!
 //! One loader serves the families built on that skeleton; a [`Variant`] says what each adds:
 //! Llama 3 (`attention_bias`, `mlp_bias`, `rope_scaling` llama3/linear, optional sliding
-//! layers), Qwen3 (per-head q/k RMSNorm) and MiniCPM (embedding, residual and logit scales,
-//! see `minicpm.rs`). MiniCPM5-style checkpoints that declare `model_type: llama` load here.
+//! layers), Qwen3 (per-head q/k RMSNorm), Qwen2 (biases on q/k/v) and MiniCPM (embedding,
+//! residual and logit scales, see `minicpm.rs`). MiniCPM5-style checkpoints that declare
+//! `model_type: llama` load here.
 
 use anyhow::{ensure, Result};
 use kernels::ops::RopeLayout;
@@ -28,26 +29,16 @@ pub struct Scales {
     pub logits: Option<f32>,
 }
 
-/// What a family adds to the plain decoder.
-#[derive(Debug, Clone, Copy)]
+/// What a family adds to the plain decoder (nothing, by default).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Variant {
     /// `ModelInfo::family`.
     pub family: &'static str,
     /// Per-head RMSNorm on q and k before RoPE (`self_attn.{q,k}_norm`).
     pub qk_norm: bool,
+    /// Biases on q, k and v whatever `attention_bias` says (Qwen2).
+    pub qkv_bias: bool,
     pub scales: Scales,
-}
-
-impl Variant {
-    pub const LLAMA: Variant = Variant {
-        family: "llama",
-        qk_norm: false,
-        scales: Scales {
-            embed: None,
-            residual: None,
-            logits: None,
-        },
-    };
 }
 
 /// config.json, read once.
@@ -166,7 +157,8 @@ fn layer(s: &Scope, a: &Args, variant: Variant, window: Option<usize>) -> Result
             window,
             ..plain.cfg
         },
-        bias: a.attention_bias,
+        qkv_bias: a.attention_bias || variant.qkv_bias,
+        o_bias: a.attention_bias,
         qk_norm: variant.qk_norm.then_some(["q_norm", "k_norm"]),
         ..plain
     };
@@ -184,5 +176,6 @@ fn layer(s: &Scope, a: &Args, variant: Variant, window: Option<usize>) -> Result
             down: lin("down_proj", a.hidden, a.inter)?,
         }),
         residual_scale: variant.scales.residual,
+        sandwich: None,
     })
 }

@@ -26,12 +26,12 @@ pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
     )?;
     let variant = Variant {
         family: "minicpm",
-        qk_norm: false,
         scales: Scales {
             embed: Some(scale_emb as f32),
             residual: Some((scale_depth / (layers as f64).sqrt()) as f32),
             logits: Some((dim_model_base / hidden as f64) as f32),
         },
+        ..Default::default()
     };
     super::llama::load(cfg, store, variant)
 }

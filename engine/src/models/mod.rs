@@ -1,9 +1,11 @@
 //! Model families, one module each, and the registry keyed by config.json's `model_type`.
 
+pub mod gemma3;
 pub mod gemma4;
 pub mod lfm2;
 pub mod llama;
 pub mod minicpm;
+pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 
@@ -102,17 +104,25 @@ pub fn from_parts(cfg: &ModelConfig, store: &WeightStore) -> Result<Box<dyn Caus
     let dir = &cfg.dir;
     match cfg.model_type.as_str() {
         "qwen3" => Ok(Box::new(qwen3::load(cfg, store)?)),
-        "llama" => Ok(Box::new(llama::load(cfg, store, llama::Variant::LLAMA)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(cfg, store)?)),
+        "llama" => {
+            let llama = llama::Variant {
+                family: "llama",
+                ..Default::default()
+            };
+            Ok(Box::new(llama::load(cfg, store, llama)?))
+        }
         "minicpm" => Ok(Box::new(minicpm::load(cfg, store)?)),
         // LFM2-MoE is the same backbone with sparse feed-forwards (one loader, see lfm2.rs).
         "lfm2" | "lfm2_moe" => Ok(Box::new(lfm2::load(cfg, store)?)),
+        "gemma3" | "gemma3_text" => Ok(Box::new(gemma3::load(cfg, store)?)),
         "gemma4" | "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(cfg, store)?)),
         // `qwen3_5_text` is the nested text config's type, seen at the root of text-only saves.
         "qwen3_5" | "qwen3_5_text" => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         // The same hybrid with sparse MLPs (one loader, see qwen3_5.rs).
         t if qwen3_5::is_moe_type(t) => Ok(Box::new(qwen3_5::Qwen3_5::load(cfg, store)?)),
         other => bail!(
-            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma4, lfm2, lfm2_moe, llama, minicpm, qwen3, qwen3_5, qwen3_5_moe)",
+            "{}: field `model_type` = {other:?} is not a supported family (supported: gemma3, gemma4, lfm2, lfm2_moe, llama, minicpm, qwen2, qwen3, qwen3_5, qwen3_5_moe)",
             dir.join("config.json").display()
         ),
     }

@@ -2,21 +2,16 @@
 
 use anyhow::Result;
 
-use super::llama::{Scales, Variant};
+use super::llama::Variant;
 use super::Dense;
 use crate::config::ModelConfig;
 use crate::weights::WeightStore;
 
-pub const VARIANT: Variant = Variant {
-    family: "qwen3",
-    qk_norm: true,
-    scales: Scales {
-        embed: None,
-        residual: None,
-        logits: None,
-    },
-};
-
 pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
-    super::llama::load(cfg, store, VARIANT)
+    let variant = Variant {
+        family: "qwen3",
+        qk_norm: true,
+        ..Default::default()
+    };
+    super::llama::load(cfg, store, variant)
 }

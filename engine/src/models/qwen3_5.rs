@@ -265,6 +265,7 @@ fn layer(s: &Scope, a: &Args, index: usize, full: bool) -> Result<DecoderLayer> 
             None => Mlp::Dense(SwiGlu::load(&s.pp("mlp"), a.hidden, a.inter)?),
         },
         residual_scale: None,
+        sandwich: None,
     })
 }
 

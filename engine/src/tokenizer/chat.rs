@@ -100,8 +100,8 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        bos_token: Option<&str>,
-        eos_token: Option<&str>,
+        (bos_token, eos_token): (Option<&str>, Option<&str>),
+        enable_thinking: Option<bool>,
     ) -> Result<String> {
         let text_len: usize = messages
             .iter()
@@ -126,6 +126,11 @@ impl ChatTemplate {
                 bos_token => bos,
                 eos_token => eos,
                 tools => minijinja::Value::from(()),
+            };
+            // Undefined unless asked, as transformers leaves a keyword it was not given.
+            let ctx = match enable_thinking {
+                Some(on) => minijinja::context! { enable_thinking => on, ..ctx },
+                None => ctx,
             };
             let mut out = Capped {
                 out: Vec::new(),

@@ -140,6 +140,18 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_thinking(messages, add_generation_prompt, None)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `enable_thinking` set for the template (Qwen3's
+    /// and Qwen3.5's switch), as transformers passes `enable_thinking=...`; `None` leaves it
+    /// undefined.
+    pub fn apply_chat_template_thinking(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
         let Some(template) = &self.template else {
             bail!(
                 "{}: no chat template (looked for `chat_template` in tokenizer_config.json, \
@@ -147,12 +159,8 @@ impl Tokenizer {
                 self.dir.display()
             );
         };
-        template.render(
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref(),
-            self.eos_token.as_deref(),
-        )
+        let specials = (self.bos_token.as_deref(), self.eos_token.as_deref());
+        template.render(messages, add_generation_prompt, specials, enable_thinking)
     }
 
     fn path(&self) -> PathBuf {

@@ -45,6 +45,8 @@ fn a_batch_of_eight_equals_eight_single_runs() {
     for spec in [
         "qwen3:tiny:q4:mlx",
         "llama:tiny:bf16:hf",
+        "qwen2:tiny:q8:mlx",
+        "gemma3:tiny:bf16:hf",
         "minicpm:tiny:f32:hf",
         "qwen3_5:tiny:f32:hf",
         "qwen3_5:tiny:bf16:hf",

@@ -313,7 +313,7 @@ proptest! {
         let source = pieces.concat();
         if let Ok(t) = ChatTemplate::new(source, "fuzz".into()) {
             let msgs = [ChatMessage::new("user", content)];
-            if let Ok(out) = t.render(&msgs, true, Some("<s>"), Some("</s>")) {
+            if let Ok(out) = t.render(&msgs, true, (Some("<s>"), Some("</s>")), None) {
                 prop_assert!(out.len() <= (1 << 20) + 2 * 80);
             }
         }

@@ -149,3 +149,56 @@ fn malformed_folders_are_refused_with_file_and_field() {
         }
     }
 }
+
+// The width and layer-kind rules against both references' behaviour.
+
+use engine::models::lfm2::{ff_width, layer_kinds};
+
+fn lfm2_config(extra: serde_json::Value) -> engine::config::ModelConfig {
+    let mut root = serde_json::json!({"model_type": "lfm2", "num_hidden_layers": 4});
+    for (k, v) in extra.as_object().unwrap() {
+        root[k] = v.clone();
+    }
+    engine::config::ModelConfig::from_value(std::path::Path::new("/x"), root).unwrap()
+}
+
+#[test]
+fn ff_width_follows_both_references() {
+    // LFM2-350M: int(2·6656/3) = 4437, ×1.0, rounded up to 256.
+    let c = lfm2_config(
+        serde_json::json!({"block_ff_dim": 6656, "block_multiple_of": 256,
+        "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": true}),
+    );
+    assert_eq!(ff_width(&c, None).unwrap(), 4608);
+    assert_eq!(ff_width(&c, Some(4608)).unwrap(), 4608);
+    assert!(ff_width(&c, Some(4437)).is_err());
+    // No multiplier: mlx-lm rounds (4608), transformers does not (4437); w1 decides.
+    let c =
+        lfm2_config(serde_json::json!({"block_ff_dim": 6656, "block_auto_adjust_ff_dim": true}));
+    assert_eq!(ff_width(&c, Some(4437)).unwrap(), 4437);
+    assert_eq!(ff_width(&c, Some(4608)).unwrap(), 4608);
+    // Not adjusted: the width as given; `block_ff_dim` wins over `intermediate_size`.
+    let c = lfm2_config(
+        serde_json::json!({"block_ff_dim": 10752, "intermediate_size": 1,
+        "block_auto_adjust_ff_dim": false}),
+    );
+    assert_eq!(ff_width(&c, None).unwrap(), 10752);
+}
+
+#[test]
+fn layer_kinds_from_either_field() {
+    let idxs = lfm2_config(serde_json::json!({"full_attn_idxs": [1, 3]}));
+    assert_eq!(layer_kinds(&idxs, 4).unwrap(), [false, true, false, true]);
+    let types =
+        lfm2_config(serde_json::json!({"layer_types": ["conv", "full_attention", "conv", "conv"]}));
+    assert_eq!(layer_kinds(&types, 4).unwrap(), [false, true, false, false]);
+    let both = lfm2_config(serde_json::json!({"full_attn_idxs": [1],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"]}));
+    assert!(layer_kinds(&both, 4).is_err());
+    let bad = lfm2_config(serde_json::json!({"full_attn_idxs": [4]}));
+    assert!(layer_kinds(&bad, 4).is_err());
+    assert_eq!(
+        layer_kinds(&lfm2_config(serde_json::json!({})), 4).unwrap(),
+        [true; 4]
+    );
+}

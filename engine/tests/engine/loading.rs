@@ -942,6 +942,32 @@ fn chat_template_renders_like_transformers() {
     );
 }
 
+/// `enable_thinking` as transformers passes it: undefined unless given, so a Qwen3-style
+/// template opens the answer with an empty think block only for `off`.
+#[test]
+fn chat_template_sees_enable_thinking_only_when_given() {
+    const THINKING: &str = "{%- for m in messages %}\
+{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}\
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}\
+{%- if enable_thinking is defined and enable_thinking is false %}\
+{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
+    let dir = tempfile::tempdir().unwrap();
+    write_tokenizer(dir.path());
+    write_json(
+        dir.path(),
+        "tokenizer_config.json",
+        &json!({"eos_token": "<|im_end|>", "chat_template": THINKING}),
+    );
+    let tok = Tokenizer::load(dir.path()).unwrap();
+    let msgs = [ChatMessage::new("user", "hi")];
+    let plain = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(tok.apply_chat_template(&msgs, true).unwrap(), plain);
+    let on = tok.apply_chat_template_thinking(&msgs, true, Some(true));
+    assert_eq!(on.unwrap(), plain);
+    let off = tok.apply_chat_template_thinking(&msgs, true, Some(false));
+    assert_eq!(off.unwrap(), format!("{plain}<think>\n\n</think>\n\n"));
+}
+
 #[test]
 fn chat_template_jinja2_whitespace_and_sources() {
     let dir = tempfile::tempdir().unwrap();

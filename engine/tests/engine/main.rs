@@ -9,6 +9,7 @@ mod cli_chat;
 mod cli_determinism;
 mod cli_errors;
 mod fuzz_loaders;
+mod gemma3;
 mod gemma4_kv;
 mod lfm2;
 mod loading;

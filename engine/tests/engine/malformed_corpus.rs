@@ -213,7 +213,7 @@ fn run_case(dir: &Path, stage: &str) -> Result<(), String> {
     let ids = match stage {
         "load" => return Ok(()),
         "chat" => p
-            .encode_prompt("Hello", true)
+            .encode_prompt("Hello", true, None)
             .map_err(|e| format!("{e:#}"))?,
         _ => vec![1, 2, 3],
     };

@@ -8,7 +8,7 @@ use synth::SynthSpec;
 const FORMATS: [&str; 7] = ["f32", "bf16", "q4", "q8", "mxfp4", "nvfp4", "mxfp8"];
 
 fn greedy(p: &Pipeline, prompt: &str, prefill_step: Option<usize>) -> Vec<u32> {
-    let ids = p.encode_prompt(prompt, false).unwrap();
+    let ids = p.encode_prompt(prompt, false, None).unwrap();
     let opts = RequestOptions {
         max_tokens: Some(16),
         temperature: Some(0.0),

@@ -28,6 +28,8 @@ fn parameters_are_the_stored_elements_for_every_family() {
     for spec in [
         "qwen3:tiny:f32",
         "llama:tiny:f32",
+        "qwen2:tiny:f32",
+        "gemma3:tiny:f32",
         "minicpm:tiny:f32",
         "lfm2:tiny:f32",
         "lfm2_moe:tiny:f32",
@@ -46,22 +48,67 @@ fn parameters_are_the_stored_elements_for_every_family() {
     }
 }
 
+/// `spec`'s folder with its `lm_head.weight` dropped and the head tied, written with the
+/// safetensors crate.
+fn tied_copy(spec: &str, out: &std::path::Path) {
+    let dir = cached(&SynthSpec::parse(spec).unwrap()).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = std::fs::read(&p).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+                .tensors()
+                .into_iter()
+                .filter(|(n, _)| n != "lm_head.weight")
+                .collect();
+            let data = safetensors::serialize(kept, None).unwrap();
+            std::fs::write(out.join(p.file_name().unwrap()), data).unwrap();
+        } else if p.is_file() {
+            std::fs::copy(&p, out.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let cfg = out.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    c["tie_word_embeddings"] = true.into();
+    std::fs::write(&cfg, c.to_string()).unwrap();
+}
+
 #[test]
 fn a_tied_head_is_walked_twice_and_counted_once() {
-    let dir = cached(&SynthSpec::parse("qwen3:tiny:f32").unwrap()).unwrap();
-    let mut m = engine::models::load(&dir).unwrap();
-    let (mut matrices, mut embed_sized) = (0, 0);
-    let vocab = m.info().vocab_size;
-    m.params(&mut |p| {
-        if let Param::Matrix { w, .. } = p {
-            matrices += 1;
-            embed_sized += usize::from(w.rows() == vocab);
-        }
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(embed_sized, 2, "the embedding and the tied head");
-    let s = summarize(&mut *m).unwrap();
-    assert_eq!(s.parameters, m.info().parameters);
-    assert!(matrices > 2);
+    let tmp = tempfile::tempdir().unwrap();
+    tied_copy("qwen2:tiny:f32", tmp.path());
+    let untied = cached(&SynthSpec::parse("qwen2:tiny:f32").unwrap()).unwrap();
+    for (dir, tied) in [(tmp.path().to_path_buf(), true), (untied, false)] {
+        let mut m = engine::models::load(&dir).unwrap();
+        let (vocab, hidden) = (m.info().vocab_size, m.info().hidden_size);
+        let (mut walked, mut head_sized) = (0, 0);
+        m.params(&mut |p| {
+            match p {
+                Param::Matrix { w, .. } => {
+                    walked += w.numel();
+                    head_sized += usize::from(w.rows() == vocab && w.cols() == hidden);
+                }
+                Param::Tensor(t) => walked += t.numel(),
+                Param::Host(n) => walked += n,
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            head_sized, 2,
+            "tied {tied}: the embedding and the head are both walked"
+        );
+        let counted = summarize(&mut *m).unwrap().parameters;
+        let twice = if tied { vocab * hidden } else { 0 };
+        assert_eq!(
+            walked - counted,
+            twice,
+            "tied {tied}: a tied head counts once"
+        );
+        assert_eq!(counted, m.info().parameters);
+        // Counted once, the parameters are what the folder stores.
+        assert_eq!(counted, stored_elements(&dir), "tied {tied}");
+    }
 }

@@ -107,6 +107,16 @@ pub const MATRIX: &[Row] = &[
         paths: &["default"],
     },
     Row {
+        family: "qwen2",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
+        family: "gemma3",
+        formats: Format::ALL,
+        paths: &["default"],
+    },
+    Row {
         family: "minicpm",
         formats: Format::ALL,
         paths: &["default"],

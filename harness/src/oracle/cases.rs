@@ -12,12 +12,14 @@ use synth::{Format, Layout, Size, SynthSpec};
 /// Families with references on synthetic checkpoints.
 pub const FAMILIES: &[&str] = &[
     "qwen3",
+    "qwen2",
     "qwen3_5",
     "qwen3_5_moe",
     "lfm2",
     "lfm2_moe",
     "llama",
     "minicpm",
+    "gemma3",
     "gemma4",
     "gemma4_moe",
 ];

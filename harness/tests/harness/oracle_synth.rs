@@ -190,6 +190,7 @@ fn fast_numerics_match_mlx_lm_on_q4() {
         ("synth/qwen3_5:tiny:q4", Some(GdnPath::Chunked)),
         ("synth/lfm2:tiny:q4", None),
         ("synth/llama:tiny:q4", None),
+        ("synth/qwen2:tiny:q4", None),
         ("synth/minicpm:tiny:q4", None),
         ("synth/gemma4:tiny:q4", None),
     ] {
@@ -252,10 +253,17 @@ fn synth_qwen3_5_moe_matches_mlx_lm_chunked() {
 
 /// The attention-only families after Qwen3 (synthetic references only: they share Qwen3's
 /// tensor names, so the synthetic folders already are mlx-lm's layout).
-const ATTENTION_FAMILIES: [&str; 4] = ["llama", "minicpm", "gemma4", "gemma4_moe"];
+const ATTENTION_FAMILIES: [&str; 6] = [
+    "qwen2",
+    "llama",
+    "minicpm",
+    "gemma3",
+    "gemma4",
+    "gemma4_moe",
+];
 
 #[test]
-fn synth_llama_minicpm_gemma4_and_gemma4_moe_match_mlx_lm() {
+fn synth_attention_families_match_mlx_lm() {
     for family in ATTENTION_FAMILIES {
         check(&format!("synth/{family}:"), None);
     }

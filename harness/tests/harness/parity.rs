@@ -125,7 +125,14 @@ mod cpu_vs_backend {
     /// The attention-only families after Qwen3 (biases, scaled and proportional RoPE given as
     /// explicit frequencies, sliding layers, μP scales, Gemma 4's KV sharing, per-layer inputs
     /// and soft cap): a dense and two quantized formats each.
-    pub const LLAMA_FAMILIES: [&str; 4] = ["llama", "minicpm", "gemma4", "gemma4_moe"];
+    pub const LLAMA_FAMILIES: [&str; 6] = [
+        "qwen2",
+        "llama",
+        "minicpm",
+        "gemma3",
+        "gemma4",
+        "gemma4_moe",
+    ];
     pub const LLAMA_FORMATS: [&str; 4] = ["f32:hf", "bf16:mlx", "q4:mlx", "mxfp4:mlx"];
     /// Tiny LFM2 in every format (both layouts of the float ones).
     pub const LFM2_FORMATS: [&str; 9] = [
@@ -255,6 +262,8 @@ mod cpu_vs_metal {
             for family in [
                 "lfm2",
                 "lfm2_moe",
+                "qwen2",
+                "gemma3",
                 "llama",
                 "minicpm",
                 "gemma4",

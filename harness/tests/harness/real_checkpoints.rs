@@ -81,7 +81,7 @@ fn long_prompt(p: &Pipeline, n: usize) -> Vec<u32> {
                 sack of grain that passes through his door, and the children count the boats. ";
     let mut ids = Vec::new();
     while ids.len() < n {
-        ids.extend(p.encode_prompt(para, false).unwrap());
+        ids.extend(p.encode_prompt(para, false, None).unwrap());
     }
     ids.truncate(n);
     ids
@@ -127,7 +127,7 @@ fn references_match() {
     for case in &reference.cases {
         if let Some(text) = &case.prompt {
             let ids = p
-                .encode_prompt(text, case.chat_user_message.is_some())
+                .encode_prompt(text, case.chat_user_message.is_some(), None)
                 .unwrap();
             assert_eq!(
                 ids,

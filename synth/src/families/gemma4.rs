@@ -151,7 +151,7 @@ const LOGIT_STD: f32 = 5.0;
 const NORM_NOISE: f32 = 0.05;
 const SOFTCAP: f64 = 30.0;
 
-const SPECIALS: [&str; 5] = [
+pub(super) const SPECIALS: [&str; 5] = [
     "<pad>",
     "<eos>",
     "<bos>",
@@ -160,14 +160,14 @@ const SPECIALS: [&str; 5] = [
 ];
 
 /// Gemma's turn markers (`user` / `model`).
-const TEMPLATE: &str = "{{- bos_token }}{%- for message in messages %}\
+pub(super) const TEMPLATE: &str = "{{- bos_token }}{%- for message in messages %}\
 {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}\
 {{- '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' }}{%- endfor %}\
 {%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}";
 
 /// Split rule: Llama 3's (Gemma's own tokenizer is SentencePiece; the rule only shapes the
 /// synthetic vocabulary).
-const SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(super) const SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl super::Family for Gemma4 {
     fn name(&self) -> &'static str {

@@ -1,6 +1,7 @@
 //! The model families `harness synth` can write, one module each, behind one small trait.
 //! Adding a family = one file that implements [`Family`] + one line in [`FAMILIES`].
 
+mod gemma3;
 mod gemma4;
 mod lfm2;
 mod llama;
@@ -26,12 +27,14 @@ pub trait Family: Sync {
 
 const FAMILIES: &[&dyn Family] = &[
     &qwen3::Qwen3,
+    &qwen3::Qwen2,
     &qwen3_5::Qwen3_5 { moe: false },
     &qwen3_5::Qwen3_5 { moe: true },
     &lfm2::Lfm2 { moe: false },
     &lfm2::Lfm2 { moe: true },
     &llama::Llama,
     &llama::MiniCpm,
+    &gemma3::Gemma3,
     &gemma4::Gemma4 { moe: false },
     &gemma4::Gemma4 { moe: true },
 ];

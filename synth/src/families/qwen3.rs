@@ -1,6 +1,7 @@
 //! Qwen3 dense (`Qwen3ForCausalLM`): GQA attention with per-head RMSNorm on q and k, SwiGLU MLP,
-//! RMSNorm everywhere, RoPE θ = 1e6. Hugging Face and mlx-lm use the same tensor names, so the
-//! layout only changes the safetensors metadata.
+//! RMSNorm everywhere, RoPE θ = 1e6. Qwen2/Qwen2.5 (`Qwen2ForCausalLM`) is the same skeleton
+//! with biases on q, k and v instead of the q/k norms. Hugging Face and mlx-lm use the same tensor names, so the layout only
+//! changes the safetensors metadata.
 
 use anyhow::Result;
 use serde_json::json;
@@ -10,6 +11,7 @@ use crate::spec::{insert_quantization, Layout, Size, SynthSpec};
 use crate::tokenizer::TokenizerPlan;
 
 pub struct Qwen3;
+pub struct Qwen2;
 
 struct Dims {
     hidden: usize,
@@ -21,6 +23,32 @@ struct Dims {
     vocab: usize,
     tied: bool,
     max_positions: usize,
+    /// Qwen2: q/k/v biases, no q/k norms.
+    qwen2: bool,
+}
+
+fn qwen2_dims(size: Size) -> Dims {
+    match size {
+        // Untied like the tiny Qwen3: a tiny random model with a tied head repeats its last
+        // token forever (its own embedding dominates the logits), a weak reference.
+        Size::Tiny => Dims {
+            qwen2: true,
+            ..dims(Size::Tiny)
+        },
+        // Qwen2.5-0.5B.
+        Size::Bench => Dims {
+            hidden: 896,
+            intermediate: 4864,
+            layers: 24,
+            heads: 14,
+            kv_heads: 2,
+            head_dim: 64,
+            vocab: 151_936,
+            tied: true,
+            max_positions: 32_768,
+            qwen2: true,
+        },
+    }
 }
 
 fn dims(size: Size) -> Dims {
@@ -35,6 +63,7 @@ fn dims(size: Size) -> Dims {
             vocab: 1024,
             tied: false,
             max_positions: 4096,
+            qwen2: false,
         },
         // Qwen3-0.6B.
         Size::Bench => Dims {
@@ -47,6 +76,7 @@ fn dims(size: Size) -> Dims {
             vocab: 151_936,
             tied: true,
             max_positions: 40_960,
+            qwen2: false,
         },
     }
 }
@@ -159,6 +189,71 @@ impl super::Family for Qwen3 {
     }
 }
 
+impl super::Family for Qwen2 {
+    fn name(&self) -> &'static str {
+        "qwen2"
+    }
+
+    fn about(&self) -> &'static str {
+        "Qwen2/Qwen2.5 (tiny: 2 layers, hidden 128, q/k/v biases; bench: Qwen2.5-0.5B widths, tied head)"
+    }
+
+    fn plan(&self, spec: &SynthSpec, _layout: Layout) -> Result<ModelPlan> {
+        let d = qwen2_dims(spec.size);
+        let tokenizer = qwen_tokenizer(d.vocab, &SPECIALS, d.max_positions);
+        let id = |t: &str| {
+            tokenizer
+                .special_id(t)
+                .expect("Qwen2's specials are in the plan")
+        };
+        let (endoftext, im_end) = (id("<|endoftext|>"), id("<|im_end|>"));
+        // As Qwen2.5's configs write it (no `head_dim`: it is hidden / heads).
+        let mut config = json!({
+            "architectures": ["Qwen2ForCausalLM"],
+            "attention_dropout": 0.0,
+            "bos_token_id": endoftext,
+            "eos_token_id": im_end,
+            "hidden_act": "silu",
+            "hidden_size": d.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": d.intermediate,
+            "max_position_embeddings": d.max_positions,
+            "max_window_layers": d.layers,
+            "model_type": "qwen2",
+            "num_attention_heads": d.heads,
+            "num_hidden_layers": d.layers,
+            "num_key_value_heads": d.kv_heads,
+            "rms_norm_eps": 1e-6,
+            "rope_scaling": null,
+            "rope_theta": 1_000_000.0,
+            "sliding_window": d.max_positions,
+            "tie_word_embeddings": d.tied,
+            "torch_dtype": spec.format.torch_dtype(),
+            "transformers_version": "4.43.1",
+            "use_cache": true,
+            "use_sliding_window": false,
+            "vocab_size": d.vocab,
+        });
+        insert_quantization(&mut config, spec.format);
+        let generation_config = json!({
+            "bos_token_id": endoftext,
+            "do_sample": true,
+            "eos_token_id": [im_end, endoftext],
+            "pad_token_id": endoftext,
+            "temperature": 0.7,
+            "top_k": 20,
+            "top_p": 0.8,
+            "transformers_version": "4.43.1",
+        });
+        Ok(ModelPlan {
+            config,
+            generation_config,
+            tokenizer,
+            tensors: tensors(&d),
+        })
+    }
+}
+
 fn tensors(d: &Dims) -> Vec<TensorPlan> {
     let linear = |name: String, out: usize, inp: usize| {
         TensorPlan::new(
@@ -202,8 +297,23 @@ fn tensors(d: &Dims) -> Vec<TensorPlan> {
             linear(format!("{p}.self_attn.k_proj.weight"), kv_dim, d.hidden),
             linear(format!("{p}.self_attn.v_proj.weight"), kv_dim, d.hidden),
             linear(format!("{p}.self_attn.o_proj.weight"), d.hidden, q_dim),
-            norm(format!("{p}.self_attn.q_norm.weight"), d.head_dim),
-            norm(format!("{p}.self_attn.k_norm.weight"), d.head_dim),
+        ]);
+        if d.qwen2 {
+            let bias = |name: String, n: usize| {
+                TensorPlan::new(name, &[n], Init::normal(0.1), Store::Float)
+            };
+            t.extend([
+                bias(format!("{p}.self_attn.q_proj.bias"), q_dim),
+                bias(format!("{p}.self_attn.k_proj.bias"), kv_dim),
+                bias(format!("{p}.self_attn.v_proj.bias"), kv_dim),
+            ]);
+        } else {
+            t.extend([
+                norm(format!("{p}.self_attn.q_norm.weight"), d.head_dim),
+                norm(format!("{p}.self_attn.k_norm.weight"), d.head_dim),
+            ]);
+        }
+        t.extend([
             linear(
                 format!("{p}.mlp.gate_proj.weight"),
                 d.intermediate,
