@@ -9,6 +9,7 @@ pub mod cache;
 pub mod config;
 pub mod files;
 pub mod generate;
+pub mod gguf;
 pub mod info;
 pub mod layers;
 pub mod models;

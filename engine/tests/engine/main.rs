@@ -11,6 +11,7 @@ mod cli_errors;
 mod fuzz_loaders;
 mod gemma3;
 mod gemma4_kv;
+mod gguf;
 mod lfm2;
 mod loading;
 mod malformed_corpus;

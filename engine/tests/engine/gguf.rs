@@ -1,0 +1,114 @@
+//! The GGUF reader and dequantizer against the `gguf` package: a committed file with one
+//! tensor per weight type and the package's own dequantization of each
+//! (fixtures/gguf/make_fixture.py), then the malformed files a reader must refuse.
+
+use std::path::PathBuf;
+
+use engine::gguf::{GgmlType, GgufFile, Value};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
+}
+
+#[test]
+fn every_type_dequantizes_as_the_gguf_package_does() {
+    let f = GgufFile::open(&fixture().join("blocks.gguf")).unwrap();
+    assert_eq!(f.version, 3);
+    assert_eq!(
+        f.get("general.architecture").and_then(Value::as_str),
+        Some("llama")
+    );
+    assert_eq!(f.get("test.count").and_then(Value::as_u64), Some(7));
+    let tokens = match f.get("test.tokens") {
+        Some(Value::Array(v)) => v.iter().map(|t| t.as_str().unwrap()).collect::<Vec<_>>(),
+        other => panic!("test.tokens: {other:?}"),
+    };
+    assert_eq!(tokens, ["a", "bc", "<s>"]);
+
+    let bytes = std::fs::read(fixture().join("blocks.expected.f32")).unwrap();
+    let expected: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let types = [
+        ("f32", GgmlType::F32),
+        ("f16", GgmlType::F16),
+        ("bf16", GgmlType::Bf16),
+        ("q4_0", GgmlType::Q4_0),
+        ("q4_1", GgmlType::Q4_1),
+        ("q8_0", GgmlType::Q8_0),
+        ("q4_k", GgmlType::Q4K),
+        ("q5_k", GgmlType::Q5K),
+        ("q6_k", GgmlType::Q6K),
+    ];
+    assert_eq!(expected.len(), types.len() * 3 * 256);
+    for (i, (name, ty)) in types.into_iter().enumerate() {
+        let t = f.tensor(name).unwrap();
+        assert_eq!(
+            (t.ggml_type, t.shape.as_slice()),
+            (ty, &[3, 256][..]),
+            "{name}"
+        );
+        let got = f.dequantize(t).unwrap();
+        let want = &expected[i * 768..(i + 1) * 768];
+        let differ = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(differ, None, "{name}: first differing value");
+    }
+}
+
+/// A change to the fixture's bytes.
+type Edit = Box<dyn FnOnce(&mut Vec<u8>)>;
+
+/// The fixture with `edit` applied, written to a temporary file and opened.
+fn open_edited(edit: impl FnOnce(&mut Vec<u8>)) -> String {
+    let mut bytes = std::fs::read(fixture().join("blocks.gguf")).unwrap();
+    edit(&mut bytes);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edited.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    match GgufFile::open(&path) {
+        Ok(_) => "opened".into(),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn malformed_files_are_refused_with_the_reason() {
+    let cases: [(&str, Edit, &[&str]); 6] = [
+        ("magic", Box::new(|b| b[0] = b'X'), &["edited.gguf", "GGUF"]),
+        (
+            "version",
+            Box::new(|b| b[4..8].copy_from_slice(&9u32.to_le_bytes())),
+            &["version 9"],
+        ),
+        (
+            "tensor count",
+            Box::new(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())),
+            &["tensors"],
+        ),
+        (
+            "metadata count",
+            Box::new(|b| b[16..24].copy_from_slice(&(1u64 << 19).to_le_bytes())),
+            &["metadata key 5", "more bytes than the file has"],
+        ),
+        (
+            "truncated data",
+            Box::new(|b| b.truncate(b.len() - 100)),
+            &["`q6_k`", "truncated"],
+        ),
+        (
+            "truncated header",
+            Box::new(|b| b.truncate(28)),
+            &["the file ends inside metadata key 0"],
+        ),
+    ];
+    for (what, edit, expect) in cases {
+        let err = open_edited(edit);
+        for e in expect {
+            assert!(err.contains(e), "{what}: {err:?} should mention {e:?}");
+        }
+    }
+}
