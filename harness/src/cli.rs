@@ -34,6 +34,8 @@ pub enum Command {
     Sweep(crate::sweep::cli::SweepArgs),
     Report(crate::report::cli::ReportArgs),
     Oracle(crate::oracle::cli::OracleArgs),
+    #[command(name = "import-gguf")]
+    ImportGguf(crate::import_cli::ImportArgs),
 }
 
 impl Command {
@@ -46,6 +48,7 @@ impl Command {
             Command::Sweep(args) => args.run(),
             Command::Report(args) => args.run(),
             Command::Oracle(args) => args.run(),
+            Command::ImportGguf(args) => args.run(),
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod backends;
 pub mod cli;
 pub mod golden;
+pub mod import_cli;
 pub mod machine;
 pub mod models;
 pub mod oracle;

@@ -9,6 +9,7 @@
 //! against the file before it sizes anything.
 
 pub mod dequant;
+pub mod import;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

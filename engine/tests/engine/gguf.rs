@@ -112,3 +112,66 @@ fn malformed_files_are_refused_with_the_reason() {
         }
     }
 }
+
+fn logits(dir: &std::path::Path) -> Vec<f32> {
+    let m = engine::models::load(dir).unwrap();
+    let mut state = m.new_state();
+    let ids: Vec<u32> = (0..20).map(|i| (i * 13 + 3) % 64).collect();
+    m.forward(&ids, &mut state, true)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()
+}
+
+/// Tiny random models written both as a folder and as llama.cpp would convert them
+/// (fixtures/gguf/make_models.py): imported, the GGUF gives the folder's model bit for bit
+/// (f32 throughout), so names, metadata, Llama's q/k permutation and Gemma's norm shift are
+/// all undone.
+#[test]
+fn imported_gguf_files_are_the_models_they_came_from() {
+    use engine::gguf::import::{import, OutDtype};
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+        let src = fixture().join("models").join(arch);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("imported");
+        let g = GgufFile::open(&src.join("model.gguf")).unwrap();
+        import(&g, &out, OutDtype::F32, None).unwrap();
+        assert_eq!(logits(&out), logits(&src), "{arch}");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                .unwrap();
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        for key in [
+            "model_type",
+            "num_key_value_heads",
+            "tie_word_embeddings",
+            "vocab_size",
+        ] {
+            assert_eq!(cfg[key], want[key], "{arch}: {key}");
+        }
+        // The folder exists now: a second import is refused and changes nothing.
+        let err = format!("{:#}", import(&g, &out, OutDtype::F32, None).unwrap_err());
+        assert!(err.contains("already exists"), "{err}");
+    }
+}
+
+#[test]
+fn a_failed_import_leaves_nothing_behind() {
+    use engine::gguf::import::{import, OutDtype};
+    // The block fixture says `llama` but has no `llama.*` metadata and no embedding.
+    let g = GgufFile::open(&fixture().join("blocks.gguf")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("imported");
+    let err = format!("{:#}", import(&g, &out, OutDtype::Bf16, None).unwrap_err());
+    assert!(
+        err.contains("blocks.gguf") && err.contains("token_embd.weight"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}
