@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
-use engine::gguf::import::{import, OutDtype};
+use engine::gguf::import::{import, OutDtype, TokenizerSource};
 use engine::gguf::GgufFile;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -19,9 +19,10 @@ pub enum Dtype {
 /// Reads the file's metadata and tensors (llama, qwen2, qwen3 and gemma3 architectures),
 /// dequantizes every tensor (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and undoes
 /// llama.cpp's conversions (Llama's q/k row permutation, Gemma's norm offset). Writes
-/// config.json, generation_config.json, tokenizer_config.json (with the file's chat template)
-/// and model.safetensors; tokenizer.json comes from --tokenizer. OUT_DIR must not exist, and
-/// nothing is left there when the import fails.
+/// config.json, generation_config.json, tokenizer_config.json (with the file's chat template
+/// and special tokens) and model.safetensors; tokenizer.json comes from --tokenizer, else is
+/// rebuilt from a byte-level BPE vocabulary (gpt2, smollm and qwen2 pre-tokenizers). OUT_DIR
+/// must not exist, and nothing is left there when the import fails.
 ///
 /// Examples:
 ///   harness import-gguf smollm2.gguf models/smollm2 --tokenizer ~/tokenizers/smollm2
@@ -48,16 +49,16 @@ impl ImportArgs {
             Dtype::Bf16 => OutDtype::Bf16,
             Dtype::F32 => OutDtype::F32,
         };
-        import(&g, &self.out_dir, dtype, self.tokenizer.as_deref())?;
+        let source = import(&g, &self.out_dir, dtype, self.tokenizer.as_deref())?;
+        let tokenizer = match source {
+            TokenizerSource::Given => "tokenizer.json copied".to_string(),
+            TokenizerSource::Rebuilt => "tokenizer.json rebuilt from the GGUF vocabulary".into(),
+            TokenizerSource::Missing(why) => format!("no tokenizer.json ({why})"),
+        };
         println!(
-            "wrote {} ({} tensors){}",
+            "wrote {} ({} tensors; {tokenizer})",
             self.out_dir.display(),
-            g.tensors.len(),
-            if self.tokenizer.is_none() {
-                "; no tokenizer.json: pass --tokenizer DIR to add one"
-            } else {
-                ""
-            }
+            g.tensors.len()
         );
         Ok(())
     }

@@ -1,8 +1,8 @@
 //! A GGUF file as a Hugging Face-layout checkpoint folder: config.json from the metadata,
 //! model.safetensors with every tensor dequantized and renamed, and llama.cpp's conversions
 //! undone (the q/k row permutation of Llama attention, Gemma's `1 +` on norm gains).
-//! tokenizer_config.json carries the chat template; tokenizer.json comes from a given folder
-//! (rebuilding it from the GGUF vocabulary is still to come).
+//! tokenizer_config.json carries the chat template and special tokens; tokenizer.json comes
+//! from a given folder, else is rebuilt from a byte-level BPE vocabulary ([`super::tokenizer`]).
 //!
 //! Names and keys follow llama.cpp's `convert_hf_to_gguf.py` and `gguf-py` (`constants.py`):
 //! `token_embd`, `output_norm`, `output`, `blk.N.{attn_norm, attn_q, attn_k, attn_v,
@@ -32,6 +32,15 @@ const ARCHES: [(&str, &str); 4] = [
     ("gemma3", "gemma3_text"),
 ];
 
+/// Where the written tokenizer.json came from.
+#[derive(Debug)]
+pub enum TokenizerSource {
+    Given,
+    Rebuilt,
+    /// Neither given nor rebuildable: why.
+    Missing(String),
+}
+
 /// Writes `gguf` as a checkpoint folder at `out` (which must not exist; nothing is left there
 /// on failure), with tokenizer files copied from `tokenizer_from` when given.
 pub fn import(
@@ -39,7 +48,7 @@ pub fn import(
     out: &Path,
     dtype: OutDtype,
     tokenizer_from: Option<&Path>,
-) -> Result<()> {
+) -> Result<TokenizerSource> {
     ensure!(
         !out.exists(),
         "{}: already exists; choose a new folder",
@@ -47,7 +56,7 @@ pub fn import(
     );
     let tmp = out.with_extension(format!("importing-{}", std::process::id()));
     let result = write_folder(gguf, &tmp, dtype, tokenizer_from)
-        .and_then(|()| Ok(std::fs::rename(&tmp, out)?));
+        .and_then(|source| Ok(std::fs::rename(&tmp, out).map(|()| source)?));
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -59,7 +68,7 @@ fn write_folder(
     dir: &Path,
     dtype: OutDtype,
     tokenizer_from: Option<&Path>,
-) -> Result<()> {
+) -> Result<TokenizerSource> {
     std::fs::create_dir_all(dir)?;
     let arch = g
         .get("general.architecture")
@@ -127,10 +136,21 @@ fn write_folder(
         }
     }
     write_json(dir, "generation_config.json", &generation)?;
-    let mut tok_config = json!({});
+    let mut tok_config = super::tokenizer::special_tokens(g);
     if let Some(t) = g.get("tokenizer.chat_template").and_then(Value::as_str) {
         tok_config["chat_template"] = json!(t);
     }
+    let source = if tokenizer_from.is_some() {
+        TokenizerSource::Given
+    } else {
+        match super::tokenizer::tokenizer_json(g) {
+            Ok(t) => {
+                write_json(dir, "tokenizer.json", &t)?;
+                TokenizerSource::Rebuilt
+            }
+            Err(e) => TokenizerSource::Missing(format!("{e:#}")),
+        }
+    };
     if let Some(src) = tokenizer_from {
         std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json"))
             .with_context(|| format!("copying {}", src.join("tokenizer.json").display()))?;
@@ -146,7 +166,8 @@ fn write_folder(
             }
         }
     }
-    write_json(dir, "tokenizer_config.json", &tok_config)
+    write_json(dir, "tokenizer_config.json", &tok_config)?;
+    Ok(source)
 }
 
 fn write_json(dir: &Path, name: &str, v: &Json) -> Result<()> {

@@ -10,6 +10,7 @@
 
 pub mod dequant;
 pub mod import;
+pub mod tokenizer;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -180,7 +181,11 @@ impl<'a> Cursor<'a> {
             3 => Value::Int(i16::from_le_bytes(self.take(2, what)?.try_into()?) as i64),
             4 => Value::UInt(self.u32(what)? as u64),
             5 => Value::Int(self.u32(what)? as i32 as i64),
-            6 => Value::Float(f32::from_le_bytes(self.take(4, what)?.try_into()?) as f64),
+            // Through its shortest decimal form, so 1e-5 stays 1e-5 in config.json.
+            6 => {
+                let v = f32::from_le_bytes(self.take(4, what)?.try_into()?);
+                Value::Float(v.to_string().parse().unwrap_or(v as f64))
+            }
             7 => Value::Bool(self.take(1, what)?[0] != 0),
             8 => Value::Str(self.string(what)?),
             9 => {

@@ -175,3 +175,45 @@ fn a_failed_import_leaves_nothing_behind() {
         "nothing written"
     );
 }
+
+/// The Qwen2 fixture carries its byte-level BPE vocabulary as llama.cpp stores it: the
+/// rebuilt tokenizer.json must tokenize like the one it came from.
+#[test]
+fn a_rebuilt_bpe_tokenizer_tokenizes_like_the_original() {
+    use engine::gguf::import::{import, OutDtype, TokenizerSource};
+    use engine::tokenizer::Tokenizer;
+    let src = fixture().join("models").join("qwen2");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("imported");
+    let g = GgufFile::open(&src.join("model.gguf")).unwrap();
+    let source = import(&g, &out, OutDtype::Bf16, None).unwrap();
+    assert!(matches!(source, TokenizerSource::Rebuilt), "{source:?}");
+    let (rebuilt, original) = (
+        Tokenizer::load(&out).unwrap(),
+        Tokenizer::load(&src).unwrap(),
+    );
+    let mut texts: Vec<String> = synth::tokenizer::CORPUS
+        .lines()
+        .map(str::to_string)
+        .collect();
+    texts.extend([
+        "  two spaces, 12345 digits and\ttabs\n\nnew lines".to_string(),
+        "<|im_start|>user\nhé, 你好 👋<|im_end|>".to_string(),
+    ]);
+    for text in &texts {
+        let ids = original.encode(text, false).unwrap();
+        assert_eq!(rebuilt.encode(text, false).unwrap(), ids, "{text:?}");
+        assert_eq!(
+            rebuilt.decode(&ids, false).unwrap(),
+            original.decode(&ids, false).unwrap()
+        );
+    }
+    // A vocabulary it does not rebuild is said, not guessed.
+    let other = tmp.path().join("other");
+    let g = GgufFile::open(&fixture().join("models/qwen3/model.gguf")).unwrap();
+    let source = import(&g, &other, OutDtype::Bf16, None).unwrap();
+    assert!(
+        matches!(&source, TokenizerSource::Missing(why) if why.contains("tokenizer.ggml.model")),
+        "{source:?}"
+    );
+}

@@ -1,0 +1,120 @@
+//! tokenizer.json rebuilt from a GGUF file's byte-level BPE vocabulary (`tokenizer.ggml.model`
+//! = `gpt2`): the tokens and merges as a `tokenizers` BPE model, control and user-defined
+//! tokens as added special tokens, and the pre-tokenizer that `tokenizer.ggml.pre` names (the
+//! rules llama.cpp's `llama-vocab.cpp` applies for it, written as the `tokenizers` library's
+//! pre-tokenizers). SentencePiece vocabularies (`llama`) are refused: pass a tokenizer.json.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value as Json};
+
+use super::{GgufFile, Value};
+
+/// Token types of `tokenizer.ggml.token_type` that are special (control, user-defined).
+const SPECIAL_TYPES: [u64; 2] = [3, 4];
+
+/// The pre-tokenizers of the `pre` names this rebuild knows.
+fn pre_tokenizer(pre: &str) -> Option<Json> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    Some(match pre {
+        // GPT-2's rule.
+        "gpt2" | "default" => byte_level(true),
+        // Each digit on its own, then GPT-2's rule (SmolLM).
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            byte_level(true),
+        ]}),
+        // Qwen2's split (digits one by one), then bytes.
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]}),
+        _ => return None,
+    })
+}
+
+fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
+    match g.get(key) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .with_context(|| format!("metadata `{key}` holds a value that is not a string")),
+        _ => bail!("metadata `{key}` is missing or not an array"),
+    }
+}
+
+/// The tokenizer.json of `g`'s vocabulary.
+pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
+    let model = g.get("tokenizer.ggml.model").and_then(Value::as_str);
+    if model != Some("gpt2") {
+        bail!(
+            "metadata `tokenizer.ggml.model` = {model:?}: only byte-level BPE (`gpt2`) vocabularies are rebuilt; pass --tokenizer DIR with the model's tokenizer.json"
+        );
+    }
+    let pre = g
+        .get("tokenizer.ggml.pre")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let pre_tokenizer = pre_tokenizer(pre).with_context(|| {
+        format!("metadata `tokenizer.ggml.pre` = {pre:?} is not a pre-tokenizer this import knows (gpt2, default, smollm, qwen2); pass --tokenizer DIR")
+    })?;
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let merges = strings(g, "tokenizer.ggml.merges")?;
+    let types: Vec<u64> = match g.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(t)) => t.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        _ => vec![1; tokens.len()],
+    };
+    let vocab: serde_json::Map<String, Json> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    let added: Vec<Json> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, ty))| SPECIAL_TYPES.contains(ty))
+        .map(|(id, (t, _))| {
+            json!({"id": id, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": merges,
+        },
+    }))
+}
+
+/// The special-token settings tokenizer_config.json takes from the GGUF (bos, eos, pad).
+pub fn special_tokens(g: &GgufFile) -> Json {
+    let tokens = strings(g, "tokenizer.ggml.tokens").unwrap_or_default();
+    let mut out = json!({});
+    for (key, name) in [
+        ("bos", "bos_token"),
+        ("eos", "eos_token"),
+        ("padding", "pad_token"),
+    ] {
+        let id = g
+            .get(&format!("tokenizer.ggml.{key}_token_id"))
+            .and_then(Value::as_u64);
+        if let Some(t) = id.and_then(|i| tokens.get(i as usize)) {
+            out[name] = json!(t);
+        }
+    }
+    if let Some(add) = g.get("tokenizer.ggml.add_bos_token") {
+        out["add_bos_token"] = json!(matches!(add, Value::Bool(true)));
+    }
+    out
+}
