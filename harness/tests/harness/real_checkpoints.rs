@@ -1,6 +1,8 @@
 //! End-to-end checks on a real checkpoint, run by the `model-e2e` CI workflow
 //! (`.github/workflows/model-e2e.yml`) once per checkpoint of `ci/real/hf-models.json` with a
-//! committed reference (`goldens/real/<key>.json`). Every test is
+//! committed reference (`goldens/real/<key>.json`), and by `.ci/run`'s `real` stage
+//! (`ci/real/test.sh`: the checks that need no reference, on the checkpoints it fetches from
+//! the package registries). Every test is
 //! `#[ignore]`d and reads the folder from `E2E_MODEL_DIR`; without it a test prints
 //! `E2E-SKIPPED: <test>: ...` and returns. That is loud on purpose: the CI leg runs them with
 //! `--ignored --nocapture` and fails when the marker appears, so a leg cannot pass by skipping.
