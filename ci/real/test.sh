@@ -16,7 +16,8 @@ for dir in "${folders[@]}"; do
     target/release/harness parity --model "$dir" --a default --b batch=4 --max-tokens 24
     target/release/harness parity --model "$dir" --a default --b session=reuse --max-tokens 24
     log="$(mktemp)"
-    E2E_MODEL_DIR="$dir" cargo test --release -p harness --test harness -- --ignored \
+    # The tests stage's package selection, so nothing is rebuilt.
+    E2E_MODEL_DIR="$dir" cargo test --release --workspace --test harness -- --ignored \
         --nocapture real_checkpoints::prefill_in_pieces_matches_whole \
         real_checkpoints::gdn_per_step_matches_chunked 2>&1 | tee "$log"
     if grep -q "E2E-SKIPPED" "$log"; then
