@@ -78,6 +78,18 @@ impl TensorPlan {
         }
     }
 
+    /// A linear layer's `[out, inp]` weight, entries of std `1/√inp` (unit-RMS outputs for
+    /// unit-RMS inputs), stored in the checkpoint's format.
+    pub fn linear(name: impl Into<String>, out: usize, inp: usize) -> TensorPlan {
+        let init = Init::normal(1.0 / (inp as f32).sqrt());
+        TensorPlan::new(name, &[out, inp], init, Store::Matrix)
+    }
+
+    /// A norm's `[n]` gain around `mean` with noise `std`, kept as a float.
+    pub fn gain(name: impl Into<String>, n: usize, mean: f32, std: f32) -> TensorPlan {
+        TensorPlan::new(name, &[n], Init::around(mean, std), Store::Float)
+    }
+
     /// Draws the values as `names.len()` tensors stacked along dim 0 (see
     /// [`TensorPlan::stacked_from`]).
     pub fn stacked_from(mut self, names: Vec<String>) -> TensorPlan {

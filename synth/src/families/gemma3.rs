@@ -153,17 +153,8 @@ impl super::Family for Gemma3 {
 }
 
 fn tensors(d: &Dims) -> Vec<TensorPlan> {
-    let linear = |name: String, out: usize, inp: usize| {
-        TensorPlan::new(
-            name,
-            &[out, inp],
-            Init::normal(1.0 / (inp as f32).sqrt()),
-            Store::Matrix,
-        )
-    };
-    let norm = |name: String, n: usize| {
-        TensorPlan::new(name, &[n], Init::around(0.0, NORM_NOISE), Store::Float)
-    };
+    let linear = TensorPlan::linear;
+    let norm = |name: String, n: usize| TensorPlan::gain(name, n, 0.0, NORM_NOISE);
     // The tied table enters the residual stream ×√hidden beside 2·layers normed branch
     // outputs of RMS ≈ 1 each. Each token's own row must not dominate the last hidden state
     // (greedy decoding would repeat the token): rows of norm EMBED_NORM make its logit about

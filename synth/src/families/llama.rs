@@ -306,17 +306,8 @@ impl super::Family for MiniCpm {
 }
 
 fn tensors(d: &Dims, head_gain: f32) -> Vec<TensorPlan> {
-    let linear = |name: String, out: usize, inp: usize| {
-        TensorPlan::new(
-            name,
-            &[out, inp],
-            Init::normal(1.0 / (inp as f32).sqrt()),
-            Store::Matrix,
-        )
-    };
-    let norm = |name: String, n: usize| {
-        TensorPlan::new(name, &[n], Init::around(1.0, NORM_NOISE), Store::Float)
-    };
+    let linear = TensorPlan::linear;
+    let norm = |name: String, n: usize| TensorPlan::gain(name, n, 1.0, NORM_NOISE);
     let bias =
         |name: String, n: usize| TensorPlan::new(name, &[n], Init::normal(0.1), Store::Float);
     let logit_std = head_gain * LOGIT_STD / (d.hidden as f32).sqrt();

@@ -255,17 +255,8 @@ impl super::Family for Qwen2 {
 }
 
 fn tensors(d: &Dims) -> Vec<TensorPlan> {
-    let linear = |name: String, out: usize, inp: usize| {
-        TensorPlan::new(
-            name,
-            &[out, inp],
-            Init::normal(1.0 / (inp as f32).sqrt()),
-            Store::Matrix,
-        )
-    };
-    let norm = |name: String, n: usize| {
-        TensorPlan::new(name, &[n], Init::around(1.0, NORM_NOISE), Store::Float)
-    };
+    let linear = TensorPlan::linear;
+    let norm = |name: String, n: usize| TensorPlan::gain(name, n, 1.0, NORM_NOISE);
     let logit_std = LOGIT_STD / (d.hidden as f32).sqrt();
     // A tied embedding doubles as the lm_head, so it takes the lm_head's scale; an untied one
     // gets unit entries (its scale is normalised away by the first RMSNorm anyway).
