@@ -11,10 +11,9 @@
 use anyhow::Result;
 use serde_json::json;
 
-use super::gemma4::{SPECIALS, SPLIT, TEMPLATE};
+use super::gemma4::gemma_tokenizer;
 use crate::plan::{Init, ModelPlan, Store, TensorPlan};
 use crate::spec::{insert_quantization, Layout, Size, SynthSpec};
-use crate::tokenizer::TokenizerPlan;
 
 pub struct Gemma3;
 
@@ -83,23 +82,7 @@ impl super::Family for Gemma3 {
 
     fn plan(&self, spec: &SynthSpec, _layout: Layout) -> Result<ModelPlan> {
         let d = dims(spec.size);
-        let tokenizer = TokenizerPlan {
-            regular_tokens: d.vocab - SPECIALS.len(),
-            specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
-            split_regex: SPLIT.to_string(),
-            chat_template: TEMPLATE.to_string(),
-            bos_token: Some("<bos>".into()),
-            eos_token: "<end_of_turn>".into(),
-            pad_token: "<pad>".into(),
-            tokenizer_class: "GemmaTokenizer".into(),
-            model_max_length: d.max_positions,
-        };
-        let id = |t: &str| {
-            tokenizer
-                .special_id(t)
-                .expect("Gemma's specials are in the plan")
-        };
-        let (pad, eos, bos, eot) = (id("<pad>"), id("<eos>"), id("<bos>"), id("<end_of_turn>"));
+        let (tokenizer, [pad, eos, bos, eot]) = gemma_tokenizer(d.vocab, d.max_positions);
         let rope_scaling = match d.rope_factor {
             Some(f) => json!({"factor": f, "rope_type": "linear"}),
             None => json!(null),

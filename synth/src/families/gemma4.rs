@@ -151,7 +151,7 @@ const LOGIT_STD: f32 = 5.0;
 const NORM_NOISE: f32 = 0.05;
 const SOFTCAP: f64 = 30.0;
 
-pub(super) const SPECIALS: [&str; 5] = [
+const SPECIALS: [&str; 5] = [
     "<pad>",
     "<eos>",
     "<bos>",
@@ -160,14 +160,36 @@ pub(super) const SPECIALS: [&str; 5] = [
 ];
 
 /// Gemma's turn markers (`user` / `model`).
-pub(super) const TEMPLATE: &str = "{{- bos_token }}{%- for message in messages %}\
+const TEMPLATE: &str = "{{- bos_token }}{%- for message in messages %}\
 {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}\
 {{- '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' }}{%- endfor %}\
 {%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}";
 
 /// Split rule: Llama 3's (Gemma's own tokenizer is SentencePiece; the rule only shapes the
 /// synthetic vocabulary).
-pub(super) const SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The Gemma tokenizer shape shared by the Gemma families (byte-level BPE standing in for
+/// SentencePiece, Gemma's specials and turn template) and its (pad, eos, bos, end-of-turn) ids.
+pub(super) fn gemma_tokenizer(vocab: usize, max_positions: usize) -> (TokenizerPlan, [u32; 4]) {
+    let plan = TokenizerPlan {
+        regular_tokens: vocab - SPECIALS.len(),
+        specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
+        split_regex: SPLIT.to_string(),
+        chat_template: TEMPLATE.to_string(),
+        bos_token: Some("<bos>".into()),
+        eos_token: "<end_of_turn>".into(),
+        pad_token: "<pad>".into(),
+        tokenizer_class: "GemmaTokenizer".into(),
+        model_max_length: max_positions,
+    };
+    let id = |t: &str| {
+        plan.special_id(t)
+            .expect("Gemma's specials are in the plan")
+    };
+    let ids = [id("<pad>"), id("<eos>"), id("<bos>"), id("<end_of_turn>")];
+    (plan, ids)
+}
 
 impl super::Family for Gemma4 {
     fn name(&self) -> &'static str {
@@ -188,23 +210,7 @@ impl super::Family for Gemma4 {
 
     fn plan(&self, spec: &SynthSpec, layout: Layout) -> Result<ModelPlan> {
         let d = dims(spec.size, self.moe);
-        let tokenizer = TokenizerPlan {
-            regular_tokens: d.vocab - SPECIALS.len(),
-            specials: SPECIALS.iter().map(|s| s.to_string()).collect(),
-            split_regex: SPLIT.to_string(),
-            chat_template: TEMPLATE.to_string(),
-            bos_token: Some("<bos>".into()),
-            eos_token: "<end_of_turn>".into(),
-            pad_token: "<pad>".into(),
-            tokenizer_class: "GemmaTokenizer".into(),
-            model_max_length: d.max_positions,
-        };
-        let id = |t: &str| {
-            tokenizer
-                .special_id(t)
-                .expect("Gemma's specials are in the plan")
-        };
-        let (pad, eos, bos, eot) = (id("<pad>"), id("<eos>"), id("<bos>"), id("<end_of_turn>"));
+        let (tokenizer, [pad, eos, bos, eot]) = gemma_tokenizer(d.vocab, d.max_positions);
         let kinds: Vec<&str> = (0..d.layers)
             .map(|l| {
                 if d.is_full(l) {
