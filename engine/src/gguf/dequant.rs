@@ -5,6 +5,9 @@
 //! - `Q4_0` (32 values, 18 B): `d`, 16 bytes of nibbles; value `j` is the low nibble of byte
 //!   `j`, value `j + 16` its high nibble; `d · (q − 8)`.
 //! - `Q4_1` (32, 20 B): `d`, `m`, nibbles as `Q4_0`; `d · q + m`.
+//! - `Q5_0` (32, 22 B): `d`, a 32-bit word of fifth bits (bit `j` for value `j`), nibbles as
+//!   `Q4_0`; `d · (q − 16)`.
+//! - `Q5_1` (32, 24 B): `d`, `m`, fifth bits and nibbles as `Q5_0`; `d · q + m`.
 //! - `Q8_0` (32, 34 B): `d`, 32 signed bytes; `q · d`.
 //! - `Q4_K` (256, 144 B): `d`, `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of
 //!   nibbles: sub-block `2i` is the low nibbles of bytes `32i..32i + 32`, `2i + 1` their high
@@ -24,6 +27,8 @@ pub enum GgmlType {
     Bf16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4K,
     Q5K,
@@ -38,6 +43,8 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
@@ -54,6 +61,8 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::Bf16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
             GgmlType::Q4K => (256, 144),
             GgmlType::Q5K => (256, 176),
@@ -107,6 +116,23 @@ pub fn to_f32(t: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
                             None => d * (q as i8 - 8) as f32,
                         });
                     }
+                }
+            }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let d = h(b, 0);
+                let (m, rest) = match t {
+                    GgmlType::Q5_1 => (Some(h(b, 2)), &b[4..]),
+                    _ => (None, &b[2..]),
+                };
+                let high = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let qs = &rest[4..];
+                for j in 0..32 {
+                    let low = (qs[j % 16] >> (4 * (j / 16))) & 0x0F;
+                    let q = low | ((((high >> j) & 1) as u8) << 4);
+                    out.push(match m {
+                        Some(m) => d * q as f32 + m,
+                        None => d * (q as i8 - 16) as f32,
+                    });
                 }
             }
             GgmlType::Q8_0 => {

@@ -40,6 +40,8 @@ fn every_type_dequantizes_as_the_gguf_package_does() {
         ("q4_k", GgmlType::Q4K),
         ("q5_k", GgmlType::Q5K),
         ("q6_k", GgmlType::Q6K),
+        ("q5_0", GgmlType::Q5_0),
+        ("q5_1", GgmlType::Q5_1),
     ];
     assert_eq!(expected.len(), types.len() * 3 * 256);
     for (i, (name, ty)) in types.into_iter().enumerate() {
@@ -97,7 +99,7 @@ fn malformed_files_are_refused_with_the_reason() {
         (
             "truncated data",
             Box::new(|b| b.truncate(b.len() - 100)),
-            &["`q6_k`", "truncated"],
+            &["`q5_1`", "truncated"],
         ),
         (
             "truncated header",
