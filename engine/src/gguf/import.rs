@@ -32,6 +32,15 @@ const ARCHES: [(&str, &str); 4] = [
     ("gemma3", "gemma3_text"),
 ];
 
+/// Gemma 3's turn format, for files that carry no template: a system message opens the first
+/// user turn, `assistant` is spelled `model`, each turn's text is trimmed.
+const GEMMA_TURNS: &str = "{{ bos_token }}\
+{%- if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] ~ '\\n\\n' %}{% set turns = messages[1:] %}\
+{%- else %}{% set system = '' %}{% set turns = messages %}{% endif %}\
+{%- for m in turns %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n\
+{{ ((system if loop.first else '') ~ m['content']) | trim }}<end_of_turn>\n{% endfor %}\
+{%- if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
 /// Where the written tokenizer.json came from.
 #[derive(Debug)]
 pub enum TokenizerSource {
@@ -137,8 +146,11 @@ fn write_folder(
     }
     write_json(dir, "generation_config.json", &generation)?;
     let mut tok_config = super::tokenizer::special_tokens(g);
-    if let Some(t) = g.get("tokenizer.chat_template").and_then(Value::as_str) {
-        tok_config["chat_template"] = json!(t);
+    match g.get("tokenizer.chat_template").and_then(Value::as_str) {
+        Some(t) => tok_config["chat_template"] = json!(t),
+        // Gemma 3 checkpoints share one turn format, which base-model files often leave out.
+        None if arch == "gemma3" => tok_config["chat_template"] = json!(GEMMA_TURNS),
+        None => {}
     }
     let source = if tokenizer_from.is_some() {
         TokenizerSource::Given

@@ -1,13 +1,19 @@
-//! tokenizer.json rebuilt from a GGUF file's byte-level BPE vocabulary (`tokenizer.ggml.model`
-//! = `gpt2`): the tokens and merges as a `tokenizers` BPE model, control and user-defined
-//! tokens as added special tokens, and the pre-tokenizer that `tokenizer.ggml.pre` names (the
-//! rules llama.cpp's `llama-vocab.cpp` applies for it, written as the `tokenizers` library's
-//! pre-tokenizers). SentencePiece vocabularies (`llama`) are refused: pass a tokenizer.json.
+//! tokenizer.json rebuilt from a GGUF file's vocabulary.
+//!
+//! - Byte-level BPE (`tokenizer.ggml.model` = `gpt2`): the tokens and merges as a `tokenizers`
+//!   BPE model, control and user-defined tokens as added special tokens, and the pre-tokenizer
+//!   that `tokenizer.ggml.pre` names (the rules llama.cpp's `llama-vocab.cpp` applies for it,
+//!   written as the `tokenizers` library's pre-tokenizers).
+//! - Gemma's SentencePiece BPE (`llama` in a `gemma*` file): see [`sentencepiece`].
+//!
+//! Other SentencePiece vocabularies are refused: pass a tokenizer.json.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value as Json};
 
 use super::{GgufFile, Value};
+
+mod sentencepiece;
 
 /// Token types of `tokenizer.ggml.token_type` that are special (control, user-defined).
 const SPECIAL_TYPES: [u64; 2] = [3, 4];
@@ -33,7 +39,7 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
     })
 }
 
-fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
+pub(super) fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
     match g.get(key) {
         Some(Value::Array(items)) => items
             .iter()
@@ -47,11 +53,21 @@ fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
 /// The tokenizer.json of `g`'s vocabulary.
 pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
     let model = g.get("tokenizer.ggml.model").and_then(Value::as_str);
-    if model != Some("gpt2") {
-        bail!(
-            "metadata `tokenizer.ggml.model` = {model:?}: only byte-level BPE (`gpt2`) vocabularies are rebuilt; pass --tokenizer DIR with the model's tokenizer.json"
-        );
+    let arch = g
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match model {
+        Some("gpt2") => byte_level(g),
+        Some("llama") if arch.starts_with("gemma") => sentencepiece::gemma(g),
+        _ => bail!(
+            "metadata `tokenizer.ggml.model` = {model:?} (architecture {arch:?}): only byte-level BPE (`gpt2`) and Gemma's SentencePiece vocabularies are rebuilt; pass --tokenizer DIR with the model's tokenizer.json"
+        ),
     }
+}
+
+/// tokenizer.json of a byte-level BPE vocabulary.
+fn byte_level(g: &GgufFile) -> Result<Json> {
     let pre = g
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
@@ -61,10 +77,7 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
     })?;
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let merges = strings(g, "tokenizer.ggml.merges")?;
-    let types: Vec<u64> = match g.get("tokenizer.ggml.token_type") {
-        Some(Value::Array(t)) => t.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
-        _ => vec![1; tokens.len()],
-    };
+    let types = token_types(g, tokens.len());
     let vocab: serde_json::Map<String, Json> = tokens
         .iter()
         .enumerate()
@@ -95,6 +108,15 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
             "ignore_merges": false, "vocab": vocab, "merges": merges,
         },
     }))
+}
+
+/// `tokenizer.ggml.token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte), or all
+/// normal where the file has none.
+pub(super) fn token_types(g: &GgufFile, n: usize) -> Vec<u64> {
+    match g.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(t)) => t.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        _ => vec![1; n],
+    }
 }
 
 /// The special-token settings tokenizer_config.json takes from the GGUF (bos, eos, pad).
