@@ -131,6 +131,18 @@ fn rope(cfg: &ModelConfig, kind: &str, head_dim: usize) -> Result<Rope> {
     )
 }
 
+/// √hidden in the precision the references multiply by: transformers casts it to the
+/// embedding table's dtype (exact in f32, rounded in bf16), and mlx-lm rounds it to bf16 for
+/// every table, quantized ones included. On the real Gemma 3 270M in f32, the bf16-rounded
+/// scale (25.25 for 25.298) moved top-1 log-probs by up to 1.1e-2 against transformers.
+fn embed_scale(embed: &kernels::Weight, hidden: usize) -> f32 {
+    let exact = (hidden as f32).sqrt();
+    match embed {
+        kernels::Weight::Dense(t) if t.dtype() == kernels::DType::F32 => exact,
+        _ => half::bf16::from_f32(exact).to_f32(),
+    }
+}
+
 pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
     let a = Args::read(cfg)?;
     let layout = Layout::detect(store)?;
@@ -144,7 +156,7 @@ pub fn load(cfg: &ModelConfig, store: &WeightStore) -> Result<Dense> {
         true => root.pp(layout.lm_head()).weight(a.vocab, a.hidden)?,
         false => embed.clone(),
     };
-    let sqrt_hidden = half::bf16::from_f32((a.hidden as f32).sqrt()).to_f32();
+    let sqrt_hidden = embed_scale(&embed, a.hidden);
     let decoder = Decoder {
         embed,
         layers,
