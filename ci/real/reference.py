@@ -16,13 +16,19 @@ Output JSON: {"model": KEY, "reference": {...tool versions, dtype, source}, "cas
 "prompt", "chat_user_message" (chat prompts), "prompt_ids", "tokens", "text",
 "top_logprobs": [[[id, logprob], ...best first], ...one list per step]}]}.
 
+With `--gguf FILE` (transformers only), the model and the tokenizer come from the GGUF file
+through transformers' own reading of it (its dequantizer, tensor names and tokenizer rebuild),
+so the reference shares nothing with the engine's import but the file; the folder (the
+import) then only lends its chat template where the file has none.
+
 Usage: reference.py --model DIR --key KEY --out FILE [--tool transformers|mlx-lm]
-                    [--prompts ci/real/prompts.json] [--source TEXT] [--revision SHA]
-                    [--thinking on|off]
+                    [--gguf FILE] [--prompts ci/real/prompts.json] [--source TEXT]
+                    [--revision SHA] [--thinking on|off]
 Runs where torch (or mlx-lm) is installed (ci/real/requirements.txt); CI only compares.
 """
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import sys
@@ -48,14 +54,20 @@ def prompt_ids(tok, prompt, thinking):
     return tok(prompt["text"])["input_ids"]
 
 
-def transformers_runner(folder):
+def gguf_source(gguf):
+    """from_pretrained's arguments for a GGUF file (its folder, and the file's name)."""
+    return (gguf.parent, {"gguf_file": gguf.name}) if gguf else None
+
+
+def transformers_runner(folder, gguf=None):
     """Greedy decoding with transformers in float32, and what to record about it."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    where, kwargs = gguf_source(gguf) or (folder, {})
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     model.eval()
 
     @torch.inference_mode()
@@ -65,7 +77,7 @@ def transformers_runner(folder):
     return run, {"transformers": transformers.__version__, "torch": torch.__version__}
 
 
-def mlx_lm_runner(folder):
+def mlx_lm_runner(folder, gguf=None):
     """Greedy decoding with mlx-lm in float32 (the oracle's widening and dequantizing)."""
     spec = importlib.util.spec_from_file_location("oracle_reference", ROOT / "harness/oracle/reference.py")
     oracle = importlib.util.module_from_spec(spec)
@@ -109,13 +121,22 @@ def main():
     ap.add_argument("--source", default="", help="where the folder came from (recorded)")
     ap.add_argument("--revision", default="", help="the repo commit the folder is (recorded)")
     ap.add_argument("--thinking", choices=["on", "off"], help="enable_thinking for chat prompts")
+    ap.add_argument("--gguf", type=Path, help="read model and tokenizer from this GGUF file")
     args = ap.parse_args()
+    if args.gguf and args.tool != "transformers":
+        ap.error("--gguf needs --tool transformers")
 
     spec = json.loads(args.prompts.read_text())
     thinking = None if args.thinking is None else args.thinking == "on"
-    tok = AutoTokenizer.from_pretrained(args.model)
+    where, kwargs = gguf_source(args.gguf) or (args.model, {})
+    tok = AutoTokenizer.from_pretrained(where, **kwargs)
+    if args.gguf and not tok.chat_template:
+        tok.chat_template = AutoTokenizer.from_pretrained(args.model).chat_template
     runner = transformers_runner if args.tool == "transformers" else mlx_lm_runner
-    run, versions = runner(args.model)
+    run, versions = runner(args.model, args.gguf)
+    if args.gguf:
+        versions["gguf"] = args.gguf.name
+        versions["gguf_sha256"] = hashlib.sha256(args.gguf.read_bytes()).hexdigest()
 
     cases = []
     for p in spec["prompts"]:

@@ -1,27 +1,57 @@
 #!/usr/bin/env bash
 # The real-checkpoint stage: fetches and imports the pinned checkpoints (ci/real/fetch.sh), then
-# checks the generation features on trained weights, where the synthetic ones cannot show a
-# problem: chunked prefill, paged KV, batches and session reuse must give the plain path's
-# greedy tokens (harness parity, 8 prompts of 9 to 257 tokens, 24 tokens each), and the
-# end-to-end tests of harness/tests/harness/real_checkpoints.rs that need no reference run on
-# each folder; a test that skips (prints E2E-SKIPPED) fails the stage.
+#  - against the committed references (goldens/real/KEY.json, transformers in f32 reading the
+#    same GGUF file): on the f32 folder KEY, the engine's tokenizer and chat template give the
+#    reference's prompt ids, and its greedy tokens and its top-1 and top-5 log-probs follow the
+#    reference's within 1e-3 (exact numerics); on the bf16 folder KEY-bf16, in fast numerics,
+#    within the bound real_checkpoints.rs states. Every reference must have its folder: one
+#    without fails the stage.
+#  - on the bf16 folders (the import's default dtype), the generation features on trained
+#    weights: chunked prefill, paged KV, batches and session reuse give the plain path's greedy
+#    tokens (harness parity, 8 prompts of 9 to 257 tokens, 24 tokens each).
+# A real_checkpoints test that skips (prints E2E-SKIPPED) fails the stage.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 cargo build --release -p harness --bin harness --quiet
 mapfile -t folders < <(bash ci/real/fetch.sh)
-for dir in "${folders[@]}"; do
-    echo "== real: $dir"
-    target/release/harness parity --model "$dir" --a default --b kv=paged --max-tokens 24
-    target/release/harness parity --model "$dir" --a default --b batch=4 --max-tokens 24
-    target/release/harness parity --model "$dir" --a default --b session=reuse --max-tokens 24
+
+# e2e DIR KEY TEST...: the named real_checkpoints tests on DIR, failing on a skip. The tests
+# stage's package selection (--workspace), so nothing is rebuilt.
+e2e() {
+    local dir="$1" key="$2" log
+    shift 2
     log="$(mktemp)"
-    # The tests stage's package selection, so nothing is rebuilt.
-    E2E_MODEL_DIR="$dir" cargo test --release --workspace --test harness -- --ignored \
-        --nocapture real_checkpoints::prefill_in_pieces_matches_whole \
-        real_checkpoints::gdn_per_step_matches_chunked 2>&1 | tee "$log"
+    E2E_MODEL_DIR="$dir" E2E_MODEL_KEY="$key" cargo test --release --workspace --test harness \
+        -- --ignored --nocapture --test-threads 1 "${@/#/real_checkpoints::}" 2>&1 | tee "$log"
     if grep -q "E2E-SKIPPED" "$log"; then
         echo "ci/real/test.sh: a real-checkpoint test skipped on $dir" >&2
         exit 1
     fi
+    rm -f "$log"
+}
+
+for reference in goldens/real/*.json; do
+    key="$(basename "$reference" .json)"
+    dir=""
+    for d in "${folders[@]}"; do
+        [ "$(basename "$d")" = "$key" ] && dir="$d"
+    done
+    if [ -z "$dir" ]; then
+        echo "ci/real/test.sh: $reference has no fetched folder $key (ci/real/fetch.sh)" >&2
+        exit 1
+    fi
+    echo "== real: $key against $reference"
+    e2e "$dir" "$key" references_match
+    echo "== real: $key-bf16 (fast numerics) against $reference"
+    e2e "$dir-bf16" "$key" references_match_fast
+done
+
+for dir in "${folders[@]}"; do
+    [[ "$dir" == *-bf16 ]] || continue
+    echo "== real: $dir"
+    target/release/harness parity --model "$dir" --a default --b kv=paged --max-tokens 24
+    target/release/harness parity --model "$dir" --a default --b batch=4 --max-tokens 24
+    target/release/harness parity --model "$dir" --a default --b session=reuse --max-tokens 24
+    e2e "$dir" "$(basename "$dir")" prefill_in_pieces_matches_whole gdn_per_step_matches_chunked
 done

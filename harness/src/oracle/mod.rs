@@ -126,6 +126,9 @@ pub struct CaseVerdict {
     pub mismatch: Option<Mismatch>,
     /// Largest |top-1 logprob difference| over the matched steps.
     pub max_logprob_diff: f32,
+    /// Largest |logprob difference| over the reference's top-5 ids at the matched steps. An
+    /// id missing from our list counts as far as our last listed log-prob (a lower bound).
+    pub max_top5_logprob_diff: f32,
     /// Every step matched and every step's whole top list (ids and f32 log-probs, as many
     /// entries as the shorter list holds) is equal bit for bit.
     pub bit_identical: bool,
@@ -149,6 +152,31 @@ fn rank(top: &[(u32, f32)], tok: u32) -> Option<usize> {
     top.iter().position(|&(t, _)| t == tok)
 }
 
+/// `max(a, b)`, where a NaN `b` counts as infinite (NaN must not hide behind `max`).
+fn nan_safe_max(a: f32, b: f32) -> f32 {
+    if b.is_nan() {
+        f32::INFINITY
+    } else {
+        a.max(b)
+    }
+}
+
+/// The largest |logprob difference| over `theirs`' first five ids at one step. An id not in
+/// `ours` sits at or below our last listed log-prob, so it counts at least that far off.
+fn top5_diff(ours: &[(u32, f32)], theirs: &[(u32, f32)]) -> f32 {
+    let Some(&(_, floor)) = ours.last() else {
+        return f32::INFINITY;
+    };
+    theirs
+        .iter()
+        .take(5)
+        .map(|&(id, lp)| match ours.iter().find(|o| o.0 == id) {
+            Some(o) => (o.1 - lp).abs(),
+            None => (lp - floor).max(0.0),
+        })
+        .fold(0.0, nan_safe_max)
+}
+
 /// Compares one side's greedy run with the other's. Each `top` list is best first; a step
 /// with an empty list counts as a mismatch of its log-prob (infinite difference).
 pub fn compare(
@@ -159,6 +187,7 @@ pub fn compare(
 ) -> CaseVerdict {
     let steps = ours.len().min(theirs.len());
     let mut max_diff = 0.0f32;
+    let mut max_top5 = 0.0f32;
     let mut identical = ours.len() == theirs.len();
     for i in 0..steps {
         let (ot, tt) = (top_at(our_top, i), top_at(their_top, i));
@@ -185,6 +214,7 @@ pub fn compare(
                 steps,
                 mismatch: Some(m),
                 max_logprob_diff: max_diff,
+                max_top5_logprob_diff: max_top5,
                 bit_identical: false,
                 pass,
             };
@@ -193,12 +223,8 @@ pub fn compare(
             (Some(a), Some(b)) => (a.1 - b.1).abs(),
             _ => f32::INFINITY,
         };
-        // NaN must not hide behind `max`.
-        max_diff = if diff.is_nan() {
-            f32::INFINITY
-        } else {
-            max_diff.max(diff)
-        };
+        max_diff = nan_safe_max(max_diff, diff);
+        max_top5 = nan_safe_max(max_top5, top5_diff(ot, tt));
     }
     CaseVerdict {
         prompt_tokens: 0,
@@ -206,6 +232,7 @@ pub fn compare(
         steps,
         mismatch: None,
         max_logprob_diff: max_diff,
+        max_top5_logprob_diff: max_top5,
         bit_identical: identical,
         pass: ours.len() == theirs.len(),
     }
@@ -630,5 +657,28 @@ mod tests {
         assert!(!v.passes(1e-3) && v.passes(0.2));
         let nan = vec![vec![(3, f32::NAN)]];
         assert!(!compare(&[3], &nan, &[3], &top(&[3])).passes(1.0));
+    }
+
+    #[test]
+    fn top5_difference_covers_the_references_first_five_ids() {
+        let theirs = vec![vec![
+            (1, -0.1),
+            (2, -2.0),
+            (3, -3.0),
+            (4, -4.0),
+            (5, -5.0),
+            (6, -6.0),
+        ]];
+        // Ranks 2-5 in another order, the sixth id far off: only the first five count.
+        let ours = vec![vec![(1, -0.1), (3, -3.25), (2, -2.0), (5, -5.0), (4, -4.5)]];
+        let v = compare(&[1], &ours, &[1], &theirs);
+        assert_eq!((v.max_logprob_diff, v.max_top5_logprob_diff), (0.0, 0.5));
+        // The reference's fifth id missing from our list: at least as far as our last entry.
+        let short = vec![vec![(1, -0.1), (2, -2.0), (3, -3.0), (4, -4.0), (7, -7.0)]];
+        let v = compare(&[1], &short, &[1], &theirs);
+        assert_eq!(v.max_top5_logprob_diff, 2.0);
+        // Nothing listed on our side: infinitely off.
+        let v = compare(&[1], &[vec![]], &[1], &theirs);
+        assert_eq!(v.max_top5_logprob_diff, f32::INFINITY);
     }
 }

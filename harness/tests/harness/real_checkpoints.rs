@@ -25,6 +25,14 @@ use harness::oracle::{check_cases, Reference, DEFAULT_LOGPROB_TOL};
 use harness::parity::classify;
 use kernels::numerics::Numerics;
 
+/// The bounds on `fast` log-probs (top-1, then the reference's top-5) against an f32
+/// reference, on the bf16 import of a real checkpoint. Measured over the 5 prompts of each:
+/// top-1 up to 0.081 and top-5 up to 0.22 (SmolLM2-135M; Gemma 3 270M 0.039 and 0.13), of
+/// which the bf16 weights alone (`exact` on the same folder) make 0.054 and 0.098; the bounds
+/// leave room for prompts not measured. llama.cpp's own 4-bit path sits at 0.07-0.2 nats
+/// (top-1) on SmolLM2-135M.
+const FAST_LOGPROB_TOL: (f32, f32) = (0.15, 0.35);
+
 /// Generated tokens per prompt in the path comparisons: past the early-divergence horizon (16).
 const TOKENS: usize = 32;
 
@@ -109,12 +117,11 @@ fn reference_path(m: &Model) -> PathBuf {
 
 /// The engine against the independent reference (transformers or mlx-lm in f32, made by
 /// ci/real/reference.py and committed): the same prompt ids from the prompt's text (tokenizer
-/// and chat template), then the oracle's walk of greedy tokens with top-1 log-probs within
-/// its tolerance. A missing reference is a failure: nothing else could be compared.
-#[test]
-#[ignore = "needs E2E_MODEL_DIR (a real checkpoint); run by the model-e2e workflow"]
-fn references_match() {
-    let Some(m) = model("references_match") else {
+/// and chat template), then the oracle's walk of greedy tokens with the top-1 and the
+/// reference's top-5 log-probs within `tol` (top-1, top-5) before any divergence. A missing
+/// reference is a failure: nothing else could be compared.
+fn compare_with_reference(test: &str, numerics: Numerics, tol: (f32, f32)) {
+    let Some(m) = model(test) else {
         return;
     };
     let p = &m.pipeline;
@@ -139,25 +146,48 @@ fn references_match() {
             );
         }
     }
-    let verdicts = check_cases(p, &reference, None, Numerics::Exact).unwrap();
+    let verdicts = check_cases(p, &reference, None, numerics).unwrap();
     let mut failed = Vec::new();
     for (case, v) in reference.cases.iter().zip(&verdicts) {
         println!(
-            "{}: {}/{} matched, max|Δ top-1 logprob| {:.1e}{}",
+            "{} ({numerics}): {}/{} matched, max|Δ logprob| top-1 {:.1e}, top-5 {:.1e}{}",
             case.label(),
             v.matched,
             v.steps,
             v.max_logprob_diff,
+            v.max_top5_logprob_diff,
             v.mismatch.as_ref().map_or(String::new(), |x| format!(
                 ", first mismatch at step {}",
                 x.step
             ))
         );
-        if !v.passes(DEFAULT_LOGPROB_TOL) {
+        if !v.passes(tol.0) || v.max_top5_logprob_diff > tol.1 {
             failed.push(case.label());
         }
     }
-    assert!(failed.is_empty(), "cases off the reference: {failed:?}");
+    assert!(
+        failed.is_empty(),
+        "cases off the reference ({numerics}, tolerances {tol:?}): {failed:?}"
+    );
+}
+
+/// `exact` numerics, on the folder in the reference's own precision (f32): the reference's
+/// tokens, or a divergence only at a near tie, with top-1 and top-5 log-probs within 1e-3
+/// before it.
+#[test]
+#[ignore = "needs E2E_MODEL_DIR (a real checkpoint); run by the model-e2e workflow"]
+fn references_match() {
+    let tol = DEFAULT_LOGPROB_TOL;
+    compare_with_reference("references_match", Numerics::Exact, (tol, tol));
+}
+
+/// `fast` numerics (bf16 activations meeting bf16 weights, int8 ones meeting 4-bit weights),
+/// run by ci/real/test.sh on the bf16 import against the same f32 reference: the walk's rule,
+/// with log-probs within [`FAST_LOGPROB_TOL`].
+#[test]
+#[ignore = "needs E2E_MODEL_DIR (a real checkpoint); run by the model-e2e workflow"]
+fn references_match_fast() {
+    compare_with_reference("references_match_fast", Numerics::Fast, FAST_LOGPROB_TOL);
 }
 
 #[test]
