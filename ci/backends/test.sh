@@ -3,7 +3,9 @@
 # and in the CPU suite's target dir, so only the crates the features change are rebuilt.
 #
 #   Linux (default features mlx,cuda): MLX on its CPU device (op conformance, Gated DeltaNet,
-#   the native path, CPU-vs-MLX parity, goldens/mlx-cpu, the mlx-lm oracle on MLX, MTP on MLX)
+#   the native path, CPU-vs-MLX parity, goldens/mlx-cpu, the mlx-lm oracle on MLX, MTP on MLX,
+#   and on the real checkpoints of the `real` stage: f32 against transformers, the bf16 import
+#   in its own dtype against mlx-lm)
 #   and the CUDA checks that need no GPU (every kernels/cuda/*.cu compiled by NVRTC for compute
 #   capability 8.0, 9.0 and 12.1 with warnings failing, launch geometry and cuBLAS mapping, the
 #   conformance table's CPU side, the no-GPU error paths; on a GPU machine the same targets run
@@ -57,5 +59,36 @@ echo "== backends: the backend-only binaries (${own[*]})"
 cargo test --release --features "$features" "${pkgs[@]}" "${own[@]}"
 echo "== backends: the backend tests of the other targets"
 cargo test --release --features "$features" "${pkgs[@]}" "${shared[@]}" -- mlx:: cuda metal
+if has mlx; then
+    # MLX's CPU device on real weights: the checkpoints ci/real/fetch.sh caches (the `real`
+    # stage fetched them; fetching again only lists the folders). Per checkpoint: f32 against
+    # transformers, the bf16 import in its own dtype against mlx-lm running that dtype, the
+    # 4-bit folder against mlx-lm in f32.
+    echo "== backends: MLX on the real checkpoints"
+    mapfile -t folders < <(bash ci/real/fetch.sh)
+    for reference in goldens/real/*.json; do
+        key="$(basename "$reference" .json)"
+        dir="$(printf '%s\n' "${folders[@]}" | grep "/$key\$" || true)"
+        [ -n "$dir" ] || { echo "ci/backends/test.sh: no fetched folder for $reference" >&2; exit 1; }
+        runs=("$dir mlx_references_match")
+        case "$key" in
+        *-q8) continue ;; # checked on the CPU; MLX here is slow (see real_checkpoints.rs)
+        *-q4) ;;
+        *) runs+=("$dir-bf16 mlx_native_matches_mlx_lm") ;;
+        esac
+        for run in "${runs[@]}"; do
+            set -- $run
+            log="$(mktemp)"
+            E2E_MODEL_DIR="$1" E2E_MODEL_KEY="$key" cargo test --release --features "$features" \
+                "${pkgs[@]}" --test harness -- --ignored --nocapture --exact \
+                "real_checkpoints::on_mlx::$2" 2>&1 | tee "$log"
+            if grep -q "E2E-SKIPPED" "$log" || ! grep -q "test result: ok. 1 passed" "$log"; then
+                echo "ci/backends/test.sh: real_checkpoints::on_mlx::$2 did not pass on $1" >&2
+                exit 1
+            fi
+            rm -f "$log"
+        done
+    done
+fi
 t3=$(date +%s)
 echo "backends: setup $((t1 - start))s, build $((t2 - t1))s, tests $((t3 - t2))s"

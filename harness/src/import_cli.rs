@@ -17,12 +17,14 @@ pub enum Dtype {
 /// Turn a GGUF file into a Hugging Face-layout checkpoint folder the engine loads.
 ///
 /// Reads the file's metadata and tensors (llama, qwen2, qwen3 and gemma3 architectures),
-/// dequantizes every tensor (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and undoes
-/// llama.cpp's conversions (Llama's q/k row permutation, Gemma's norm offset). Writes
-/// config.json, generation_config.json, tokenizer_config.json (with the file's chat template
-/// and special tokens) and model.safetensors; tokenizer.json comes from --tokenizer, else is
-/// rebuilt from a byte-level BPE vocabulary (gpt2, smollm and qwen2 pre-tokenizers). OUT_DIR
-/// must not exist, and nothing is left there when the import fails.
+/// dequantizes every tensor (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+/// and undoes llama.cpp's conversions (Llama's q/k row permutation, Gemma's norm offset).
+/// Writes config.json, generation_config.json, tokenizer_config.json (with the file's chat
+/// template and special tokens; a gemma3 file without one gets Gemma's turn format) and
+/// model.safetensors; tokenizer.json comes from --tokenizer, else is rebuilt from the file's
+/// vocabulary as transformers rebuilds it: byte-level BPE (gpt2, smollm and qwen2
+/// pre-tokenizers) or Gemma's SentencePiece. OUT_DIR must not exist, and nothing is left there
+/// when the import fails.
 ///
 /// Examples:
 ///   harness import-gguf smollm2.gguf models/smollm2 --tokenizer ~/tokenizers/smollm2

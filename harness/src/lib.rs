@@ -10,6 +10,7 @@ pub mod models;
 pub mod oracle;
 pub mod parity;
 pub mod paths;
+pub mod quantize_cli;
 pub mod report;
 pub mod run;
 pub mod sweep;

@@ -9,13 +9,14 @@
 //! attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down,
 //! post_attention_norm, post_ffw_norm}`, and `<arch>.{block_count, embedding_length, …}`.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value as Json};
 
 use super::{GgufFile, TensorInfo, Value};
+use crate::weights::safetensors::OwnedTensor;
+use kernels::DType;
 
 /// The dtype of the written matrices (norm gains and biases are always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +94,7 @@ fn write_folder(
     let config = config(g, arch, model_type)?;
     let heads = config["num_attention_heads"].as_u64().unwrap_or(1) as usize;
     let kv_heads = config["num_key_value_heads"].as_u64().unwrap_or(1) as usize;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = Vec::new();
+    let mut tensors: Vec<OwnedTensor> = Vec::new();
     for t in &g.tensors {
         let name = hf_name(arch, &t.name)?;
         let mut values = g.dequantize(t)?;
@@ -113,26 +114,16 @@ fn write_folder(
                     .iter()
                     .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                     .collect(),
-                safetensors::Dtype::BF16,
+                DType::BF16,
             ),
             _ => (
                 values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                safetensors::Dtype::F32,
+                DType::F32,
             ),
         };
-        tensors.push((name, t.shape.clone(), bytes, st));
+        tensors.push((name, st, t.shape.clone(), bytes));
     }
-    let views = tensors
-        .iter()
-        .map(|(n, s, b, d)| {
-            Ok((
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    safetensors::serialize_to_file(views, Some(meta), &dir.join("model.safetensors"))?;
+    crate::weights::safetensors::write(&dir.join("model.safetensors"), &tensors, "pt")?;
     write_json(dir, "config.json", &config)?;
     let token = |key: &str| {
         g.get(&format!("tokenizer.ggml.{key}_token_id"))

@@ -288,3 +288,33 @@ fn blame(
     }
     None
 }
+
+/// One tensor to write: name, dtype, shape and its little-endian bytes.
+pub type OwnedTensor = (String, DType, Vec<usize>, Vec<u8>);
+
+/// Writes `tensors` as one safetensors file at `path`, its `__metadata__` `{"format": format}`
+/// (`pt` for a Hugging Face folder, `mlx` for an MLX-converted one).
+pub fn write(path: &Path, tensors: &[OwnedTensor], format: &str) -> Result<()> {
+    use safetensors::Dtype as St;
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            let st = match dtype {
+                DType::F32 => St::F32,
+                DType::BF16 => St::BF16,
+                DType::F16 => St::F16,
+                DType::U32 => St::U32,
+                DType::U8 => St::U8,
+                DType::I32 => St::I32,
+                DType::I64 => St::I64,
+                DType::F64 => St::F64,
+            };
+            let view = safetensors::tensor::TensorView::new(st, shape.clone(), bytes)
+                .with_context(|| format!("`{name}`: {dtype:?} {shape:?}"))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta = std::collections::HashMap::from([("format".to_string(), format.to_string())]);
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .with_context(|| format!("{}: cannot write", path.display()))
+}

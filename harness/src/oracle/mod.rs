@@ -51,6 +51,10 @@ pub struct RefInfo {
     /// Present when the model has Gated DeltaNet layers: which recurrence mlx-lm ran.
     #[serde(default)]
     pub gdn_path: Option<String>,
+    /// What made a real-checkpoint reference (ci/real/reference.py): `transformers`,
+    /// `mlx-lm` (f32) or `mlx-lm-native`.
+    #[serde(default)]
+    pub tool: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -5,5 +5,6 @@ mod golden;
 mod main_job;
 mod oracle_synth;
 mod parity;
+mod quantize;
 mod real_checkpoints;
 mod sweep_report;
