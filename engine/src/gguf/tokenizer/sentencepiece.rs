@@ -74,8 +74,14 @@ pub fn gemma(g: &GgufFile) -> Result<Json> {
         }
         _ => Json::Null,
     };
-    let vocab: serde_json::Map<String, Json> =
-        ids.iter().map(|(t, i)| (t.to_string(), json!(i))).collect();
+    // In id order (each spelling once, at the id it keeps), so the file is the same bytes on
+    // every run: serde_json keeps insertion order here, and a HashMap's order is random.
+    let vocab: serde_json::Map<String, Json> = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(i, t)| ids[t.as_str()] == i)
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let space = json!({"String": " "});
     let meta = json!({"String": "▁"});
     Ok(json!({
