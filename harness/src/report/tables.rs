@@ -4,17 +4,17 @@ use std::fmt::Write as _;
 
 use super::compare::{Comparison, Side};
 
-/// Milliseconds to about three significant digits.
+/// Milliseconds to three significant digits (no decimals from 100 up, at most six below 1,
+/// so a sub-millisecond TTFT keeps its digits too).
 pub fn fmt_ms(x: f64) -> String {
     if !x.is_finite() {
-        "-".into()
-    } else if x >= 100.0 {
-        format!("{x:.0}")
-    } else if x >= 10.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.2}")
+        return "-".into();
     }
+    let decimals = match x.abs() > 0.0 {
+        true => (2 - x.abs().log10().floor() as i64).clamp(0, 6) as usize,
+        false => 2,
+    };
+    format!("{x:.decimals$}")
 }
 
 fn fmt_side(s: Option<&Side>) -> String {
@@ -221,6 +221,10 @@ mod tests {
         assert_eq!(fmt_ms(1234.56), "1235");
         assert_eq!(fmt_ms(12.345), "12.3");
         assert_eq!(fmt_ms(1.2345), "1.23");
+        // Below a millisecond: still three significant digits (was 0.78 for 0.784872).
+        assert_eq!(fmt_ms(0.784872), "0.785");
+        assert_eq!(fmt_ms(0.0123456), "0.0123");
+        assert_eq!(fmt_ms(0.0), "0.00");
         assert_eq!(fmt_ms(f64::NAN), "-");
         assert_eq!(num(0.1), "0.1");
     }
