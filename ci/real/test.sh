@@ -10,6 +10,8 @@
 #  - on the bf16 folders (the import's default dtype), the generation features on trained
 #    weights: chunked prefill, paged KV, batches and session reuse give the plain path's greedy
 #    tokens (harness parity, 8 prompts of 9 to 257 tokens, 24 tokens each).
+#  - the real vocabularies and chat templates fetch.sh keeps in target/real/vocab/: our
+#    tokenization and rendering against Hugging Face's (real_tokenizers.rs).
 # A real_checkpoints test that skips (prints E2E-SKIPPED) fails the stage.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -17,20 +19,31 @@ cd "$root"
 cargo build --release -p harness --bin harness --quiet
 mapfile -t folders < <(bash ci/real/fetch.sh)
 
-# e2e DIR KEY TEST...: the named real_checkpoints tests on DIR, failing on a skip. The tests
-# stage's package selection (--workspace), so nothing is rebuilt.
-e2e() {
-    local dir="$1" key="$2" log
-    shift 2
+# ignored TEST...: the named ignored tests of the harness test binary, failing on a skip. The
+# tests stage's package selection (--workspace), so nothing is rebuilt.
+ignored() {
+    local log
     log="$(mktemp)"
-    E2E_MODEL_DIR="$dir" E2E_MODEL_KEY="$key" cargo test --release --workspace --test harness \
-        -- --ignored --nocapture --exact --test-threads 1 "${@/#/real_checkpoints::}" 2>&1 | tee "$log"
+    cargo test --release --workspace --test harness \
+        -- --ignored --nocapture --exact --test-threads 1 "$@" 2>&1 | tee "$log"
     if grep -q "E2E-SKIPPED" "$log"; then
-        echo "ci/real/test.sh: a real-checkpoint test skipped on $dir" >&2
+        echo "ci/real/test.sh: a real-checkpoint test skipped" >&2
         exit 1
     fi
     rm -f "$log"
 }
+
+# e2e DIR KEY TEST...: the named real_checkpoints tests on DIR.
+e2e() {
+    local dir="$1" key="$2"
+    shift 2
+    E2E_MODEL_DIR="$dir" E2E_MODEL_KEY="$key" ignored "${@/#/real_checkpoints::}"
+}
+
+echo "== real: Qwen2 and Llama 3 vocabularies, chat templates (target/real/vocab)"
+ignored real_tokenizers::vocabularies_give_llama_cpp_recorded_ids \
+    real_tokenizers::vocabularies_match_transformers \
+    real_tokenizers::chat_templates_render_as_transformers
 
 for reference in goldens/real/*.json; do
     key="$(basename "$reference" .json)"

@@ -7,4 +7,5 @@ mod oracle_synth;
 mod parity;
 mod quantize;
 mod real_checkpoints;
+mod real_tokenizers;
 mod sweep_report;

@@ -18,6 +18,17 @@ mod sentencepiece;
 /// Token types of `tokenizer.ggml.token_type` that are special (control, user-defined).
 const SPECIAL_TYPES: [u64; 2] = [3, 4];
 
+/// The regex split of Qwen2 and Llama 3 (`digits` is their only difference), then bytes.
+fn split_then_bytes(digits: &str) -> Json {
+    let pattern = format!(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|{digits}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    );
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+    ]})
+}
+
 /// The pre-tokenizers of the `pre` names this rebuild knows.
 fn pre_tokenizer(pre: &str) -> Option<Json> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
@@ -30,11 +41,9 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
             byte_level(true),
         ]}),
         // Qwen2's split (digits one by one), then bytes.
-        "qwen2" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
-             "behavior": "Isolated", "invert": false},
-            byte_level(false),
-        ]}),
+        "qwen2" => split_then_bytes(r"\p{N}"),
+        // Llama 3's: Qwen2's with digits in runs of up to three.
+        "llama-bpe" => split_then_bytes(r"\p{N}{1,3}"),
         _ => return None,
     })
 }
@@ -73,8 +82,12 @@ fn byte_level(g: &GgufFile) -> Result<Json> {
         .and_then(Value::as_str)
         .unwrap_or("default");
     let pre_tokenizer = pre_tokenizer(pre).with_context(|| {
-        format!("metadata `tokenizer.ggml.pre` = {pre:?} is not a pre-tokenizer this import knows (gpt2, default, smollm, qwen2); pass --tokenizer DIR")
+        format!("metadata `tokenizer.ggml.pre` = {pre:?} is not a pre-tokenizer this import knows (gpt2, default, smollm, qwen2, llama-bpe); pass --tokenizer DIR")
     })?;
+    // Llama 3's tokenizer takes a pre-token found whole in the vocabulary as is, before any
+    // merge (its tokenizer.json sets `ignore_merges`; llama.cpp does the same for this `pre`):
+    // " Việt" is one token there, three by merges.
+    let ignore_merges = pre == "llama-bpe";
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let merges = strings(g, "tokenizer.ggml.merges")?;
     let types = token_types(g, tokens.len());
@@ -105,7 +118,7 @@ fn byte_level(g: &GgufFile) -> Result<Json> {
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": false, "vocab": vocab, "merges": merges,
+            "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges,
         },
     }))
 }
