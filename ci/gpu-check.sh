@@ -67,7 +67,7 @@ done
 step "TTFT sweep on CUDA: per-step vs chunked Gated DeltaNet, bench Qwen3.5 bf16"
 rm -f "$out/sweep.jsonl"
 "$H" sweep --synth qwen3_5:bench:bf16 --lengths "$lengths" \
-    --paths backend=cuda+gdn=perstep,backend=cuda+gdn=chunked --repeats "$repeats" \
+    --paths backend=cuda+gdn=perstep,backend=cuda+gdn=chunked --repeats "$repeats" --max-repeats "$repeats" \
     --out "$out/sweep.jsonl"
 "$H" report "$out/sweep.jsonl" --baseline backend=cuda+gdn=perstep \
     --compare backend=cuda+gdn=chunked --out "$out/report"
@@ -80,7 +80,7 @@ if [ "${GPU_CHECK_MLX:-}" = 1 ]; then
     MLX_CMAKE_DIR="$cmake_dir" cargo build --release -p harness --features cuda,mlx-cuda
     "$H" sweep --synth qwen3_5:bench:bf16 \
         --lengths 64,256,1024 --paths backend=cuda+gdn=chunked,backend=mlx+gdn=chunked \
-        --repeats "$repeats" --out "$out/sweep-mlx.jsonl"
+        --repeats "$repeats" --max-repeats "$repeats" --out "$out/sweep-mlx.jsonl"
     "$H" report "$out/sweep-mlx.jsonl" \
         --baseline backend=mlx+gdn=chunked --compare backend=cuda+gdn=chunked \
         --out "$out/report-cuda-vs-mlx"

@@ -98,7 +98,7 @@ for ((r = 0; r < REPEATS; r++)); do
         log "repeat $((r + 1))/$REPEATS $m $f: ours mlx numerics=$n"
         raw=$OUT/raw/ours-$n-$m-$f-r$r.jsonl
         rm -f "$raw"
-        env "${PRELOAD[@]}" "$HARNESS" sweep --model "$dir" --lengths "$lengths" --max-tokens "$GEN" --repeats 1 \
+        env "${PRELOAD[@]}" "$HARNESS" sweep --model "$dir" --lengths "$lengths" --max-tokens "$GEN" --repeats 1 --max-repeats 1 \
           --warmup 0 --label "peers-mlx-$n" --paths "backend=mlx+numerics=$n" --out "$raw" >>"$OUT/raw/ours.stdout" 2>&1
         "$PY" "$HERE/rows.py" ours "$raw" "$ROWS" --isa "mlx+$n" --model "$m" --format "$f" --repeat "$r" --context "$CONTEXT"
       done

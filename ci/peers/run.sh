@@ -111,7 +111,7 @@ ours() {  # ours ISA MODEL FORMAT REPEAT NUMERICS  (native: ENGINE_CPU_ISA unset
   lengths=$(printf '%s\n' 1 ${LENGTHS//,/ } "$DEPTH" | sort -nu | paste -sd,)
   rm -f "$raw"
   env "${cap[@]}" RAYON_NUM_THREADS="$THREADS" "$HARNESS" sweep --model "$PEERS_DIR/models/$m-$SIZE-$f" \
-    --lengths "$lengths" --max-tokens "$GEN" --repeats 1 --warmup 0 --label "peers-$label" --paths "numerics=$n" --out "$raw" \
+    --lengths "$lengths" --max-tokens "$GEN" --repeats 1 --max-repeats 1 --warmup 0 --label "peers-$label" --paths "numerics=$n" --out "$raw" \
     >>"$OUT/raw/ours.stdout" 2>&1
   "$PY" "$HERE/rows.py" ours "$raw" "$ROWS" --isa "$label" --model "$m" --format "$f" --repeat "$r" --context "$CONTEXT"
 }

@@ -25,9 +25,16 @@ pub struct RunArgs {
     /// Prompt lengths of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
     pub lengths: Vec<usize>,
-    /// Timed repetitions per length and path.
+    /// Timed repetitions per length and path; the sweep adds more (see `harness sweep
+    /// --help`) where a median is not yet known to ±5%, up to --max-repeats and --time-cap.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// The most repetitions of the TTFT sweep.
+    #[arg(long, default_value_t = 12)]
+    pub max_repeats: usize,
+    /// Seconds of timed repetitions after which the TTFT sweep adds no more.
+    #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
+    pub time_cap: f64,
     /// The model of the LFM2 TTFT sweep (a synth spec), its own stage and report (`lfm2/`).
     #[arg(long, default_value = "lfm2:bench:bf16")]
     pub lfm2_model: String,
@@ -45,6 +52,8 @@ impl Default for RunArgs {
             lfm2_model: "lfm2:bench:bf16".into(),
             lengths: vec![64, 256, 1024],
             repeats: 3,
+            max_repeats: 12,
+            time_cap: 120.0,
             quick: false,
         }
     }
@@ -71,11 +80,12 @@ fn cpu_vs_mlx(spec: &str) -> Vec<&str> {
 
 impl RunArgs {
     pub fn run(self) -> Result<()> {
-        let (model, lfm2_model, lengths, repeats) = if self.quick {
+        let (model, lfm2_model, lengths, repeats, max_repeats) = if self.quick {
             (
                 "qwen3_5:tiny".to_string(),
                 "lfm2:tiny".to_string(),
                 vec![64, 128],
+                1,
                 1,
             )
         } else {
@@ -84,6 +94,7 @@ impl RunArgs {
                 self.lfm2_model.clone(),
                 self.lengths.clone(),
                 self.repeats,
+                self.max_repeats.max(self.repeats),
             )
         };
         std::fs::create_dir_all(&self.out)
@@ -102,6 +113,8 @@ impl RunArgs {
             .collect::<Vec<_>>()
             .join(",");
         let repeats = repeats.to_string();
+        let max_repeats = max_repeats.to_string();
+        let time_cap = self.time_cap.to_string();
         let mlx = engine::Backend::Mlx.is_built();
         let sweep_paths = "gdn=perstep,gdn=chunked";
         // MLX's CPU device multiplies with the wheel's reference BLAS (~2 GFLOP/s): a 1024-token
@@ -299,6 +312,10 @@ impl RunArgs {
                     sweep_paths,
                     "--repeats",
                     &repeats,
+                    "--max-repeats",
+                    &max_repeats,
+                    "--time-cap",
+                    &time_cap,
                     "--out",
                     &sweep,
                 ],
@@ -315,6 +332,8 @@ impl RunArgs {
                     "--paths",
                     lfm2_paths,
                     "--repeats",
+                    "1",
+                    "--max-repeats",
                     "1",
                     "--out",
                     &lfm2_sweep,
@@ -339,6 +358,8 @@ impl RunArgs {
                         "--paths",
                         "gdn=chunked,backend=mlx+gdn=chunked",
                         "--repeats",
+                        "1",
+                        "--max-repeats",
                         "1",
                         "--warmup",
                         "0",

@@ -80,8 +80,9 @@ impl Problem {
                 let h: Vec<half::bf16> = self.w.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 Weight::Dense(Tensor::from_slice(&[n, k], DType::BF16, &h).unwrap())
             }
-            "q4g64" => {
-                let spec = QuantSpec::new(QuantMode::Affine, 4, 64).unwrap();
+            "q4g64" | "q8g64" => {
+                let bits = if format == "q4g64" { 4 } else { 8 };
+                let spec = QuantSpec::new(QuantMode::Affine, bits, 64).unwrap();
                 Weight::Quant(quantize(&self.w, n, k, spec, DType::BF16).unwrap())
             }
             other => panic!("unknown format {other}"),
@@ -156,6 +157,18 @@ fn benches(c: &mut Criterion) {
         &["f32", "bf16", "q4g64"],
         true,
     );
+    // Multi-row decode (MTP verification, batches): M rows against one weight should cost
+    // little more than one row, since decode reads the weight once whatever M is. Run only
+    // these with `cargo bench -p kernels --bench matmul -- decode_rows`.
+    for m in [1, 2, 4, 8] {
+        bench_group(
+            c,
+            &format!("decode_rows_{m}x1024x3072"),
+            &Problem::new(m, 3072, 1024),
+            &["bf16", "q4g64", "q8g64"],
+            false,
+        );
+    }
     // A tied LM head of 151936 × 1024 (Qwen3-0.6B's): far past the caches, so decode streams
     // it from memory, as a whole model's weights are.
     let head = Problem::new(1, 151_936, 1024);

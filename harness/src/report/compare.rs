@@ -8,13 +8,18 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use super::select::{Dim, Selector};
-use super::stats::{Crossover, Summary};
+use super::stats::{median_interval, ratio_interval, Crossover, Interval, Summary, Verdict};
 use crate::sweep::Measurement;
 
 /// The timings of one side of one table row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Side {
     pub ttft_ms: Summary,
+    /// The 95% bootstrap interval of the median TTFT (none under three runs).
+    pub ttft_ms_ci: Option<Interval>,
+    /// The TTFT of every run, for the speedup's interval.
+    #[serde(skip)]
+    pub ttft_runs: Vec<f64>,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     /// Distinct output hashes among the side's measurements (sorted).
@@ -30,8 +35,11 @@ impl Side {
             .iter()
             .filter_map(|r| r.output_sha256.clone())
             .collect();
+        let ttft_runs: Vec<f64> = rows.iter().map(|r| r.ttft_ms).collect();
         Side {
-            ttft_ms: Summary::of(&mut rows.iter().map(|r| r.ttft_ms).collect::<Vec<_>>()),
+            ttft_ms: Summary::of(&mut ttft_runs.clone()),
+            ttft_ms_ci: median_interval(&ttft_runs),
+            ttft_runs,
             prefill_tokens_per_s: median(|r| r.prefill_tokens_per_s),
             decode_tokens_per_s: median(|r| r.decode_tokens_per_s),
             output_sha256: hashes.into_iter().collect(),
@@ -70,6 +78,10 @@ pub struct Row {
     pub compare: Option<Side>,
     /// baseline median TTFT / compare median TTFT: above 1 means compare is faster.
     pub speedup: Option<f64>,
+    /// The speedup's 95% bootstrap interval (none while a side has under three runs).
+    pub speedup_ci: Option<Interval>,
+    /// What the interval says: faster, slower, no difference detected, too few runs.
+    pub verdict: Option<Verdict>,
     pub parity: Option<Parity>,
 }
 
@@ -266,10 +278,14 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
             if b.is_none() && c.is_none() {
                 continue;
             }
-            let speedup = match (&b, &c) {
-                (Some(b), Some(c)) => Some(b.ttft_ms.median / c.ttft_ms.median),
-                _ => None,
+            let (speedup, speedup_ci) = match (&b, &c) {
+                (Some(b), Some(c)) => (
+                    Some(b.ttft_ms.median / c.ttft_ms.median),
+                    ratio_interval(&b.ttft_runs, &c.ttft_runs),
+                ),
+                _ => (None, None),
             };
+            let verdict = speedup.map(|_| Verdict::of(speedup_ci));
             let parity = match (&b, &c) {
                 (Some(b), Some(c)) if b.output_sha256.is_empty() || c.output_sha256.is_empty() => {
                     Some(Parity::Unknown)
@@ -291,12 +307,14 @@ pub fn compare(rows: &[Measurement], sides: &Sides) -> Result<Comparison> {
                 baseline: b,
                 compare: c,
                 speedup,
+                speedup_ci,
+                verdict,
                 parity,
             });
         }
-        let points: Vec<(usize, f64)> = idx
+        let points: Vec<(usize, Verdict)> = idx
             .iter()
-            .filter_map(|&i| Some((out_rows[i].prompt_tokens, out_rows[i].speedup?)))
+            .filter_map(|&i| Some((out_rows[i].prompt_tokens, out_rows[i].verdict?)))
             .collect();
         let crossover = (!points.is_empty()).then(|| Crossover::find(&points));
         if !idx.is_empty() {

@@ -17,7 +17,8 @@ use anyhow::{Context, Result};
 
 pub use compare::{compare, Comparison, Parity, Row, Side, Sides};
 use plot::{ChartPoint, ChartSeries, LineChart};
-pub use stats::{Crossover, Summary};
+
+pub use stats::{Crossover, Interval, Summary, Verdict};
 
 /// The TTFT-vs-length chart: one curve per value along the compared dimension (and group).
 pub fn ttft_chart(c: &Comparison) -> LineChart {
@@ -49,7 +50,7 @@ pub fn ttft_chart(c: &Comparison) -> LineChart {
 }
 
 /// The speedup-vs-length chart, one curve per group, with the 1.0 line. Bars span the
-/// pessimistic-to-optimistic ratios of the sides' p10/p90.
+/// speedup's 95% bootstrap interval (none drawn under three runs a side).
 pub fn speedup_chart(c: &Comparison) -> Option<LineChart> {
     let compare = c.compare.as_ref()?;
     let series: Vec<ChartSeries> = c
@@ -66,12 +67,13 @@ pub fn speedup_chart(c: &Comparison) -> Option<LineChart> {
                 .iter()
                 .filter_map(|&i| {
                     let r = &c.rows[i];
-                    let (b, k, s) = (r.baseline.as_ref()?, r.compare.as_ref()?, r.speedup?);
+                    let s = r.speedup?;
+                    let ci = r.speedup_ci.unwrap_or(Interval { lo: s, hi: s });
                     Some(ChartPoint {
                         x: r.prompt_tokens as f64,
                         y: s,
-                        lo: b.ttft_ms.p10 / k.ttft_ms.p90,
-                        hi: b.ttft_ms.p90 / k.ttft_ms.p10,
+                        lo: ci.lo,
+                        hi: ci.hi,
                     })
                 })
                 .collect(),

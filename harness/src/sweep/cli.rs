@@ -16,7 +16,10 @@ use synth::SynthSpec;
 /// Prompts are exactly LENGTH ordinary tokens (deterministic ids from --seed, no special
 /// tokens), decoded greedily for --max-tokens tokens. After --warmup untimed passes, each
 /// repetition runs every length, and inside it every path, so slow drifts in machine load
-/// hit all paths alike. Each line records the machine, backend, commit, model, path,
+/// hit all paths alike. After --repeats repetitions, more run for the lengths where some
+/// path's median TTFT is not yet known to ±5% (95% bootstrap interval), until none is left,
+/// --max-repeats or --time-cap; the sweep says which ended it, and `harness report` marks
+/// the cells that stayed wider. Each line records the machine, backend, commit, model, path,
 /// prompt_tokens, repeat, ttft_ms, prefill/decode tokens/s and the output's sha256.
 ///
 /// Lines are appended to --out one at a time and flushed, so an interrupted sweep keeps
@@ -51,9 +54,17 @@ pub struct SweepArgs {
     #[arg(long, default_value = "default", value_name = "PATH,PATH,...")]
     pub paths: String,
 
-    /// Timed repetitions of every (length, path).
-    #[arg(long, default_value_t = 3)]
+    /// Timed repetitions every (length, path) gets (at least 3 give an interval).
+    #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+
+    /// The most repetitions in all, added where a median is not yet known to ±5%.
+    #[arg(long, default_value_t = 30)]
+    pub max_repeats: usize,
+
+    /// Seconds of timed repetitions after which no more are added.
+    #[arg(long, default_value_t = 300.0, value_name = "SECONDS")]
+    pub time_cap: f64,
 
     /// Untimed passes over every length and path before timing.
     #[arg(long, default_value_t = 1)]
@@ -98,6 +109,9 @@ impl SweepArgs {
             lengths: self.lengths,
             paths,
             repeats: self.repeats,
+            max_repeats: self.max_repeats,
+            time_cap: std::time::Duration::try_from_secs_f64(self.time_cap)
+                .map_err(|e| anyhow::anyhow!("--time-cap {}: {e}", self.time_cap))?,
             warmup: self.warmup,
             max_tokens: self.max_tokens,
             prompt_seed: self.seed,
@@ -116,7 +130,7 @@ impl SweepArgs {
         let out = &self.out;
         // Each line goes out in one write on an append-mode file, then is flushed: a crash
         // leaves only whole lines behind.
-        let rows = run_sweep(&plan, true, |row| {
+        let (rows, stop) = run_sweep(&plan, true, |row| {
             let mut line = serde_json::to_string(row)?;
             line.push('\n');
             file.write_all(line.as_bytes())
@@ -124,6 +138,7 @@ impl SweepArgs {
                 .with_context(|| format!("appending to {}", out.display()))
         })?;
         eprintln!("{}", summary(&rows));
+        eprintln!("{stop}");
         eprintln!(
             "appended {} measurements to {}; next: harness report {}",
             rows.len(),

@@ -1,6 +1,7 @@
 //! TTFT sweeps (docs/design.md §8): time requests over prompt lengths × execution paths, the paths
 //! interleaved inside each repetition (so drift in machine load hits every path alike) after
-//! untimed warm-up passes, one [`Measurement`] per request. `harness report` turns the rows into
+//! untimed warm-up passes, one [`Measurement`] per request; repetitions continue where a
+//! median is not yet known to ±5%, up to a repeat and a time cap. `harness report` turns the rows into
 //! tables and plots.
 
 pub mod cli;
@@ -18,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::backends::Loaded;
 use crate::machine::{self, Machine};
 use crate::paths::PathSpec;
+use crate::report::stats;
 pub use prompt::PromptIds;
 pub use record::{read_jsonl, Measurement};
 
@@ -115,7 +117,13 @@ pub struct SweepPlan {
     pub model_name: String,
     pub lengths: Vec<usize>,
     pub paths: Vec<PathSpec>,
+    /// Timed repetitions every (length, path) gets.
     pub repeats: usize,
+    /// Repetitions beyond `repeats` are run, for the lengths whose median TTFT on some path is
+    /// not yet known to ±5% (95% bootstrap interval), up to this many in all...
+    pub max_repeats: usize,
+    /// ...or until the timed passes have taken this long.
+    pub time_cap: std::time::Duration,
     /// Untimed passes over every length and path before the first timed one.
     pub warmup: usize,
     pub max_tokens: usize,
@@ -134,6 +142,13 @@ impl SweepPlan {
         if self.repeats == 0 {
             bail!("--repeats must be at least 1");
         }
+        if self.max_repeats < self.repeats {
+            bail!(
+                "--max-repeats {} is below --repeats {}: it caps the repetitions added after them",
+                self.max_repeats,
+                self.repeats
+            );
+        }
         if self.max_tokens == 0 {
             bail!("--max-tokens must be at least 1 (the first token is what TTFT times)");
         }
@@ -141,14 +156,84 @@ impl SweepPlan {
     }
 }
 
-/// Runs the plan: `warmup` untimed passes, then for each repetition, for each length, for each
-/// path one timed request. `on_row` sees each measurement as soon as it exists (the CLI appends
-/// it to the jsonl file), and all are returned at the end.
+/// How a sweep's timed repetitions ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Every (length, path) had its median TTFT known to ±5% after this many repetitions.
+    Narrow { repeats: usize },
+    /// `max_repeats` reached with these (length, path) cells still wider than ±5%.
+    RepeatCap {
+        repeats: usize,
+        wide: Vec<(usize, String)>,
+    },
+    /// `time_cap` reached after this many repetitions, these cells still wider than ±5%.
+    TimeCap {
+        repeats: usize,
+        wide: Vec<(usize, String)>,
+    },
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cells = |wide: &[(usize, String)]| {
+            wide.iter()
+                .map(|(len, path)| format!("{len} tokens on {path}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Stop::Narrow { repeats } => write!(
+                f,
+                "repeats: every median TTFT is known to ±5% (95% interval) after at most {repeats} repetitions"
+            ),
+            Stop::RepeatCap { repeats, wide } => write!(
+                f,
+                "repeats: stopped at --max-repeats {repeats} with {} still wider than ±5%: {}",
+                wide.len(),
+                cells(wide)
+            ),
+            Stop::TimeCap { repeats, wide } => write!(
+                f,
+                "repeats: stopped at --time-cap after {repeats} repetitions with {} still wider than ±5%: {}",
+                wide.len(),
+                cells(wide)
+            ),
+        }
+    }
+}
+
+/// The (length, path) cells of `rows` whose median TTFT is not yet known to ±5%.
+fn wide_cells(rows: &[Measurement], lengths: &[usize], paths: &[PathSpec]) -> Vec<(usize, String)> {
+    let mut wide = Vec::new();
+    for &len in lengths {
+        for path in paths {
+            let name = path.to_string();
+            let mut v: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.prompt_tokens == len && r.path == name)
+                .map(|r| r.ttft_ms)
+                .collect();
+            let ci = stats::median_interval(&v);
+            let median = stats::Summary::of(&mut v).median;
+            if !ci.is_some_and(|ci| ci.relative_half_width(median) <= stats::TARGET_HALF_WIDTH) {
+                wide.push((len, name));
+            }
+        }
+    }
+    wide
+}
+
+/// Runs the plan: `warmup` untimed passes, then repetitions, each over every length and, inside
+/// it, every path, one timed request each. After `repeats` of them, a repetition runs only the
+/// lengths where some path's median is not yet known to ±5% (all paths of such a length, so
+/// the paths still meet under the same machine load), until none is left, `max_repeats` or
+/// `time_cap`. `on_row` sees each measurement as soon as it exists (the CLI appends it to the
+/// jsonl file); all are returned, with how the repetitions ended.
 pub fn run_sweep(
     plan: &SweepPlan,
     progress: bool,
     mut on_row: impl FnMut(&Measurement) -> Result<()>,
-) -> Result<Vec<Measurement>> {
+) -> Result<(Vec<Measurement>, Stop)> {
     plan.validate()?;
     let runner = TtftRunner::load_for(&plan.model_dir, &plan.paths)?;
     for &len in &plan.lengths {
@@ -172,14 +257,44 @@ pub fn run_sweep(
     );
 
     let mut rows = Vec::new();
-    for pass in 0..plan.warmup + plan.repeats {
+    let mut timed_since = None;
+    let mut pass = 0;
+    let stop = loop {
         let warm = pass < plan.warmup;
+        let rep = pass.saturating_sub(plan.warmup);
+        let lengths: Vec<usize> = if warm || rep < plan.repeats {
+            plan.lengths.clone()
+        } else {
+            let wide = wide_cells(&rows, &plan.lengths, &plan.paths);
+            let started: std::time::Instant =
+                *timed_since.get_or_insert_with(std::time::Instant::now);
+            if wide.is_empty() {
+                break Stop::Narrow { repeats: rep };
+            } else if rep >= plan.max_repeats {
+                break Stop::RepeatCap { repeats: rep, wide };
+            } else if started.elapsed() >= plan.time_cap {
+                break Stop::TimeCap { repeats: rep, wide };
+            }
+            let lens: Vec<usize> = plan
+                .lengths
+                .iter()
+                .copied()
+                .filter(|l| wide.iter().any(|(w, _)| w == l))
+                .collect();
+            bar.inc_length((lens.len() * plan.paths.len()) as u64);
+            lens
+        };
+        if !warm && timed_since.is_none() {
+            timed_since = Some(std::time::Instant::now());
+        }
         bar.set_prefix(if warm {
             "warm-up".to_string()
+        } else if rep < plan.repeats {
+            format!("rep {}/{}", rep + 1, plan.repeats)
         } else {
-            format!("rep {}/{}", pass - plan.warmup + 1, plan.repeats)
+            format!("rep {}/≤{}", rep + 1, plan.max_repeats)
         });
-        for &len in &plan.lengths {
+        for &len in &lengths {
             let ids = runner.prompt(len, plan.prompt_seed);
             for path in &plan.paths {
                 bar.set_message(format!("{len} tokens, {path}"));
@@ -200,7 +315,7 @@ pub fn run_sweep(
                     model: plan.model_name.clone(),
                     path: path.to_string(),
                     prompt_tokens: len,
-                    repeat: pass - plan.warmup,
+                    repeat: rep,
                     prompt_seed: plan.prompt_seed,
                     max_tokens: plan.max_tokens,
                     generated_tokens: out.tokens.len(),
@@ -213,9 +328,10 @@ pub fn run_sweep(
                 rows.push(row);
             }
         }
-    }
+        pass += 1;
+    };
     bar.finish_and_clear();
-    Ok(rows)
+    Ok((rows, stop))
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@ use std::path::Path;
 use std::process::Command;
 
 use harness::machine::Machine;
-use harness::report::{compare, criterion::read_criterion, tables, Crossover, Sides};
-use harness::sweep::Measurement;
+use harness::report::{
+    compare, criterion::read_criterion, stats, tables, Crossover, Sides, Verdict,
+};
+use harness::sweep::{read_jsonl, Measurement};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
@@ -52,6 +54,8 @@ fn sweep_then_report_round_trip() {
         "--paths",
         "gdn=perstep,gdn=chunked",
         "--repeats",
+        "1",
+        "--max-repeats",
         "1",
         "--warmup",
         "0",
@@ -328,21 +332,24 @@ fn write_jsonl(path: &Path, rows: &[Measurement]) {
 
 #[test]
 fn two_files_from_different_commits_join_on_the_other_keys() {
-    // Old commit: 10 ms per 64 tokens. New commit: slower at 64, faster from 128 on.
+    // Old commit: 10 ms per 64 tokens. New commit: slower at 64, faster from 128 on, beyond
+    // both sides' spread (so the intervals of the speedups exclude 1).
     let old: Vec<Measurement> = [(64, 10.0), (128, 20.0), (256, 40.0)]
         .iter()
         .flat_map(|&(len, t)| [t, t * 1.1, t * 0.9].map(|x| row("aaa1111", "EPYC", len, x, "h1")))
         .collect();
     let new: Vec<Measurement> = [(64, 12.5), (128, 16.0), (256, 20.0)]
         .iter()
-        .map(|&(len, t)| {
-            row(
-                "bbb2222",
-                "EPYC",
-                len,
-                t,
-                if len == 256 { "h2" } else { "h1" },
-            )
+        .flat_map(|&(len, t)| {
+            [t, t * 1.02, t * 0.98].map(|x| {
+                row(
+                    "bbb2222",
+                    "EPYC",
+                    len,
+                    x,
+                    if len == 256 { "h2" } else { "h1" },
+                )
+            })
         })
         .collect();
     let tmp = tempfile::tempdir().unwrap();
@@ -364,7 +371,7 @@ fn two_files_from_different_commits_join_on_the_other_keys() {
     assert!(ok, "{err}");
     let header = stdout.lines().find(|l| l.starts_with("| model")).unwrap();
     // The path is the same on both sides: a note above the table, not a column.
-    assert_eq!(header, "| model | prompt tokens | commit=aaa1111 TTFT ms | commit=bbb2222 TTFT ms | speedup | parity |");
+    assert_eq!(header, "| model | prompt tokens | commit=aaa1111 TTFT ms | commit=bbb2222 TTFT ms | speedup [95% CI] | verdict | parity |");
     assert!(stdout.contains("path: `gdn=chunked`"), "{stdout}");
     let table: BTreeMap<usize, Vec<String>> = stdout
         .lines()
@@ -379,12 +386,28 @@ fn two_files_from_different_commits_join_on_the_other_keys() {
         })
         .collect();
     // Medians of (t, 1.1t, 0.9t) are t; p10–p90 interpolate between 0.9t and t, t and 1.1t.
-    assert_eq!(table[&64][2], "10.0 (9.20–10.8)");
-    assert_eq!(table[&64][4], "0.80");
-    assert_eq!(table[&128][4], "1.25");
-    assert_eq!(table[&256][4], "2.00");
-    assert_eq!(table[&64][5], "identical");
-    assert_eq!(table[&256][5], "differs");
+    // The bootstrap medians of three runs are the runs themselves, so the 95% interval of
+    // this median is [0.9t, 1.1t]: wider than ±5%, marked.
+    assert_eq!(table[&64][2], "10.0 (9.20–10.8) †");
+    // The speedup intervals: the extreme ratios of the two sides' runs (each side's bootstrap
+    // median takes each of its three values with probability at least 7/27).
+    assert_eq!(
+        table[&64][4],
+        format!("0.80 [{:.2}–{:.2}]", 9.0 / 12.75, 11.0 / 12.25)
+    );
+    assert_eq!(
+        table[&128][4],
+        format!("1.25 [{:.2}–{:.2}]", 18.0 / 16.32, 22.0 / 15.68)
+    );
+    assert_eq!(
+        table[&256][4],
+        format!("2.00 [{:.2}–{:.2}]", 36.0 / 20.4, 44.0 / 19.6)
+    );
+    assert_eq!(table[&64][5], "slower");
+    assert_eq!(table[&128][5], "faster");
+    assert_eq!(table[&64][6], "identical");
+    assert_eq!(table[&256][6], "differs");
+    assert!(stdout.contains("(marked †)"), "{stdout}");
     assert!(
         stdout.contains("commit=bbb2222 is faster than commit=aaa1111 from 128 prompt tokens up"),
         "{stdout}"
@@ -544,6 +567,129 @@ fn a_cpu_path_and_an_mlx_path_join_per_length() {
         .map(|l| l.trim_matches('|').split('|').nth(4).unwrap().trim())
         .collect();
     assert_eq!(speedups, ["0.50", "0.50"], "{md}");
+}
+
+/// The main job's old claim, "chunked is faster from 1024 tokens, 1.30x", came from medians
+/// whose p10-p90 ranges overlapped almost entirely. With intervals, such a speedup is "no
+/// difference detected" and names no crossover, while the same medians with tight runs do.
+#[test]
+fn a_speedup_inside_the_noise_claims_no_crossover() {
+    let rows_with = |spread: f64| -> Vec<Measurement> {
+        let mut rows = Vec::new();
+        for (len, base) in [(256, 100.0), (1024, 400.0)] {
+            // Baseline 1.3x slower in median; the runs of both sides spread by `spread`.
+            for k in [-2.0, -1.0, 0.0, 1.0, 2.0] {
+                rows.push(Measurement {
+                    path: "gdn=perstep".into(),
+                    ..row(
+                        "aaa1111",
+                        "EPYC",
+                        len,
+                        1.3 * base * (1.0 + spread * k),
+                        "h1",
+                    )
+                });
+                rows.push(row("aaa1111", "EPYC", len, base * (1.0 - spread * k), "h1"));
+            }
+        }
+        rows
+    };
+    let sides = Sides {
+        baseline: Some("gdn=perstep".into()),
+        compare: Some("gdn=chunked".into()),
+    };
+    let noisy = compare(&rows_with(0.2), &sides).unwrap();
+    for r in &noisy.rows {
+        approx::assert_relative_eq!(r.speedup.unwrap(), 1.3, max_relative = 1e-12);
+        let ci = r.speedup_ci.unwrap();
+        assert!(ci.lo < 1.0 && ci.hi > 1.3, "{ci:?}");
+        assert_eq!(r.verdict, Some(Verdict::NoDifference));
+    }
+    assert_eq!(noisy.groups[0].crossover, Some(Crossover::Never));
+    let md = tables::markdown(&noisy, &[]);
+    assert!(md.contains("no difference detected"), "{md}");
+    assert!(!md.contains("from 1024 prompt tokens up"), "{md}");
+
+    let tight = compare(&rows_with(0.01), &sides).unwrap();
+    for r in &tight.rows {
+        let ci = r.speedup_ci.unwrap();
+        assert!(ci.lo > 1.2 && ci.hi < 1.4, "{ci:?}");
+        assert_eq!(r.verdict, Some(Verdict::Faster));
+    }
+    assert_eq!(tight.groups[0].crossover, Some(Crossover::Everywhere(256)));
+    assert!(tables::markdown(&tight, &[]).contains("narrow enough"));
+}
+
+/// Past --repeats, a sweep repeats only while some median is wider than ±5%, and never past
+/// --max-repeats; it says which ended it.
+#[test]
+fn sweep_repeats_adapt_up_to_the_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let jsonl = tmp.path().join("sweep.jsonl");
+    let (ok, _, err) = harness(&[
+        "sweep",
+        "--synth",
+        "qwen3_5:tiny",
+        "--lengths",
+        "8,24",
+        "--paths",
+        "gdn=perstep,gdn=chunked",
+        "--repeats",
+        "3",
+        "--max-repeats",
+        "5",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "2",
+        "--out",
+        jsonl.to_str().unwrap(),
+    ]);
+    assert!(ok, "sweep failed: {err}");
+    let rows = read_jsonl(&jsonl).unwrap();
+    let mut counts: BTreeMap<(usize, String), usize> = BTreeMap::new();
+    for r in &rows {
+        *counts.entry((r.prompt_tokens, r.path.clone())).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 4);
+    for ((len, _), n) in &counts {
+        assert!((3..=5).contains(n), "{counts:?}");
+        // The paths of one length repeat together.
+        assert_eq!(
+            counts[&(*len, "gdn=perstep".to_string())],
+            counts[&(*len, "gdn=chunked".to_string())]
+        );
+    }
+    // A length got a repetition past the third only while one of its paths' medians (over
+    // the runs so far) was wider than ±5%; and the stop message matches the runs.
+    let wide = |len: usize, path: &str, k: usize| {
+        let mut v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.prompt_tokens == len && r.path == path && r.repeat < k)
+            .map(|r| r.ttft_ms)
+            .collect();
+        let ci = stats::median_interval(&v).unwrap();
+        ci.relative_half_width(stats::Summary::of(&mut v).median) > stats::TARGET_HALF_WIDTH
+    };
+    for len in [8, 24] {
+        let n = counts[&(len, "gdn=perstep".to_string())];
+        for k in 3..n {
+            assert!(
+                wide(len, "gdn=perstep", k) || wide(len, "gdn=chunked", k),
+                "{len}: {k}"
+            );
+        }
+        if err.contains("every median TTFT is known to ±5%") {
+            assert!(
+                !wide(len, "gdn=perstep", n) && !wide(len, "gdn=chunked", n),
+                "{err}"
+            );
+        }
+    }
+    if !err.contains("every median TTFT is known to ±5%") {
+        assert!(err.contains("stopped at --max-repeats 5"), "{err}");
+        assert!(counts.values().any(|n| *n == 5), "{counts:?}");
+    }
 }
 
 #[test]
