@@ -106,14 +106,20 @@ enum Layout<'a> {
     },
 }
 
-/// A 4-bit affine weight's storage: `packed` holds 8 codes per word, row after row.
+/// A `BITS`-bit affine weight's storage: `packed` holds `32 / BITS` codes per word, row after
+/// row.
 #[derive(Clone, Copy)]
-pub(crate) struct Affine4<'a> {
+pub(crate) struct Affine<'a, const BITS: usize> {
     pub packed: &'a [u32],
     pub scales: Floats<'a>,
     pub biases: Floats<'a>,
     pub group: usize,
 }
+
+/// 4-bit affine storage (8 codes per word).
+pub(crate) type Affine4<'a> = Affine<'a, 4>;
+/// 8-bit affine storage (4 codes per word).
+pub(crate) type Affine8<'a> = Affine<'a, 8>;
 
 /// A weight matrix `[rows, cols]` ready to be decoded row by row into f32.
 #[derive(Clone, Copy)]
@@ -237,14 +243,23 @@ impl<'a> WeightRows<'a> {
 
     /// The parts of a 4-bit affine weight, for kernels that fuse its decode into a dot product.
     pub(crate) fn affine4(&self) -> Option<Affine4<'a>> {
+        self.affine::<4>()
+    }
+
+    /// The parts of an 8-bit affine weight, likewise.
+    pub(crate) fn affine8(&self) -> Option<Affine8<'a>> {
+        self.affine::<8>()
+    }
+
+    fn affine<const BITS: usize>(&self) -> Option<Affine<'a, BITS>> {
         match self.layout {
             Layout::Affine {
                 packed,
                 scales,
                 biases,
-                bits: 4,
+                bits,
                 group,
-            } => Some(Affine4 {
+            } if bits == BITS => Some(Affine {
                 packed,
                 scales,
                 biases,

@@ -250,13 +250,14 @@ fn check_matmul(f: Format, m: usize, n: usize, k: usize, seed: u64) {
 
 #[test]
 fn every_format_matches_the_f64_reference() {
-    // Decode shapes (m ≤ 5) and prefill shapes, odd n, and n crossing a 128-row tile.
+    // Decode shapes (m ≤ 8) and prefill shapes, odd n, and n crossing a 128-row tile.
     let shapes = [
         (1, 7, 128),
         (3, 33, 256),
         (4, 1, 128),
         (5, 130, 128),
-        (6, 130, 128),
+        (8, 130, 128),
+        (9, 130, 128),
         (17, 9, 256),
     ];
     for (fi, f) in all_formats().into_iter().enumerate() {
@@ -266,15 +267,17 @@ fn every_format_matches_the_f64_reference() {
     }
 }
 
-/// Speculative verification runs up to 5 rows where plain decoding runs one: in the decode
-/// kernel each row's result must not depend on the rows beside it, bit for bit.
+/// Speculative verification runs up to 5 rows and a batched step up to 8 where plain decoding
+/// runs one: in the decode kernel each row's result must not depend on the rows beside it, bit
+/// for bit.
 #[test]
 fn decode_rows_do_not_depend_on_their_neighbours() {
     for (fi, f) in all_formats().into_iter().enumerate() {
         let (n, k) = (130, 256);
         let w = random_weight(f, n, k, 70 + fi as u64);
-        let xs = random_x(5, k, 80 + fi as u64);
-        for m in 1..=5 {
+        let max = kernels::cpu::matmul::DECODE_MAX_M;
+        let xs = random_x(max, k, 80 + fi as u64);
+        for m in 1..=max {
             let x = Tensor::from_f32(&[m, k], xs[..m * k].to_vec()).unwrap();
             let together = ops::matmul(&x, &w).unwrap();
             for i in 0..m {
@@ -292,9 +295,9 @@ fn decode_rows_do_not_depend_on_their_neighbours() {
 
 #[test]
 fn matmul_rows_gives_each_row_its_one_row_result() {
-    // 13 rows: two full groups of the decode kernel and a partial one.
+    // 19 rows: two full groups of the decode kernel (8 rows) and a partial one.
     for (fi, f) in all_formats().into_iter().enumerate() {
-        let (m, n, k) = (13, 70, 128);
+        let (m, n, k) = (19, 70, 128);
         let w = random_weight(f, n, k, 170 + fi as u64);
         let xs = random_x(m, k, 180 + fi as u64);
         let x = Tensor::from_f32(&[m, k], xs.clone()).unwrap();
@@ -481,18 +484,24 @@ fn every_instruction_set_gives_the_same_bits() {
     ];
     for (ci, (f, k)) in cases.into_iter().enumerate() {
         let w = random_weight(f, 37, k, 40 + ci as u64);
-        for m in [1, 2, 3, 4, 5, 7, 9, 14] {
+        for m in [1, 2, 3, 4, 5, 7, 8, 9, 14] {
             let x = Tensor::from_f32(&[m, k], random_x(m, k, 41 + m as u64)).unwrap();
             for n in [Numerics::Exact, Numerics::Fast] {
                 let native = bits_of(&matmul_at("native", n, &x, &w));
                 for &level in crate::common::isa_levels() {
-                    // The exact 4-bit affine decode kernel for AVX2 and up rounds differently
-                    // from the portable decode-then-dot (documented in qmatvec_avx2).
+                    // The fused 4- and 8-bit affine decode kernel for AVX2 and up rounds
+                    // differently from the portable decode-then-dot (documented in
+                    // qmatvec_avx2); 8-bit weights take it in both numerics.
                     let fused_exact = match f {
                         Format::Affine(4, g, _) => n == Numerics::Exact || g != 64,
+                        Format::Affine(8, _, _) => true,
                         _ => false,
                     };
-                    if level == "portable" && fused_exact && m <= 5 && isa::Isa::detected().avx2 {
+                    if level == "portable"
+                        && fused_exact
+                        && m <= kernels::cpu::matmul::DECODE_MAX_M
+                        && isa::Isa::detected().avx2
+                    {
                         continue;
                     }
                     let got = bits_of(&matmul_at(level, n, &x, &w));

@@ -9,8 +9,8 @@
 //! - decode (a few input rows): per chunk of [`ROW_CHUNK`] weight rows, widen each row a span
 //!   of [`SPAN`] columns at a time into a stack buffer and fold it into [`LANES`] fixed lanes per
 //!   input row, so the weight streams from memory exactly once and never lands in a big buffer.
-//!   4-bit affine weights on AVX2 CPUs take a fused kernel instead (`qmatvec_avx2`) that skips
-//!   the widened values altogether.
+//!   4- and 8-bit affine weights on AVX2 CPUs take a fused kernel instead (`qmatvec_avx2`) that
+//!   skips the widened values altogether.
 //!
 //! The two kernels round differently, so a row's result may differ in the last bits between a
 //! call with M ≤ [`DECODE_MAX_M`] and one with more rows; each is deterministic on its own.
@@ -259,22 +259,16 @@ fn matvec_chunks<'a>(
             });
         }
         #[cfg(target_arch = "x86_64")]
-        if isa.avx2 {
-            let xsum = qmatvec_avx2::group_sums(xs, m, k, a4.group);
-            return Box::new(move |r0, r1| {
-                let mut row = [0.0f32; DECODE_MAX_M];
-                for r in r0..r1 {
-                    out::prefetch_affine4(&a4, r, k);
-                    // SAFETY: AVX2 is present, xs/xsum are m rows of k and their group sums,
-                    // and r < n.
-                    unsafe { qmatvec_avx2::row_dot(&a4, r, k, xs, m, &xsum, &mut row) };
-                    for (i, &v) in row[..m].iter().enumerate() {
-                        // SAFETY: column r belongs to this chunk alone.
-                        unsafe { *dst.at(i * n + r) = v };
-                    }
-                }
-            });
+        if isa.avx2 && qmatvec_avx2::applies(4, a4.group) {
+            return fused_affine(a4, xs, m, k, n, dst);
         }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(a8) = w
+        .affine8()
+        .filter(|a| isa.avx2 && qmatvec_avx2::applies(8, a.group))
+    {
+        return fused_affine(a8, xs, m, k, n, dst);
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
@@ -291,6 +285,33 @@ fn matvec_chunks<'a>(
         }
         // SAFETY: the chunk writes only output columns r0..r1.
         unsafe { matvec_rows::<false>(xs, m, w, r0, r1, dst) }
+    })
+}
+
+/// The AVX2 fused decode product of 4- or 8-bit affine weights (`qmatvec_avx2`), as work on
+/// chunks of rows like [`matvec_chunks`]'s. The caller checked AVX2 and `qmatvec_avx2::applies`.
+#[cfg(target_arch = "x86_64")]
+fn fused_affine<'a, const BITS: usize>(
+    a: crate::quant::decode::Affine<'a, BITS>,
+    xs: &'a [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    dst: OutPtr,
+) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
+    let xsum = qmatvec_avx2::group_sums(xs, m, k, a.group);
+    Box::new(move |r0, r1| {
+        let mut row = [0.0f32; DECODE_MAX_M];
+        for r in r0..r1 {
+            out::prefetch_affine(&a, r, k);
+            // SAFETY: AVX2 is present and the kernel applies (the caller's checks), xs/xsum
+            // are m rows of k and their group sums, and r < n.
+            unsafe { qmatvec_avx2::row_dot(&a, r, k, xs, m, &xsum, &mut row) };
+            for (i, &v) in row[..m].iter().enumerate() {
+                // SAFETY: column r belongs to this chunk alone.
+                unsafe { *dst.at(i * n + r) = v };
+            }
+        }
     })
 }
 

@@ -1,10 +1,11 @@
 //! What the matmul dispatcher and its kernels share: the decode row bound, the pointer to the
 //! output that parallel tiles write disjoint parts of, and the 4-bit weights' prefetch.
 
-/// Inputs with at most this many rows take the fused decode kernel: one decode token, or the
-/// up to 5 rows an MTP verification runs (4 drafts after the last token), so speculative
-/// decoding rounds like plain decoding and costs about one weight read per round.
-pub const DECODE_MAX_M: usize = 5;
+/// Inputs with at most this many rows take the fused decode kernel: one decode token, the up
+/// to 5 rows an MTP verification runs (4 drafts after the last token), or a batched decode
+/// step of up to 8 sequences, so speculative and batched decoding round like plain decoding
+/// and cost about one weight read per step.
+pub const DECODE_MAX_M: usize = 8;
 /// The output buffer shared by tiles that write disjoint elements of it.
 #[derive(Clone, Copy)]
 pub(crate) struct OutPtr(pub(crate) *mut f32);
@@ -23,10 +24,21 @@ impl OutPtr {
 }
 
 /// Asks for the codes [`crate::cpu::PREFETCH_BYTES`] past the start of row `r` (of `k` columns)
-/// of a 4-bit weight, one row's worth, to be loaded into L2.
+/// of an affine weight, one row's worth, to be loaded into L2.
 #[inline(always)]
-pub(crate) fn prefetch_affine4(w: &crate::quant::decode::Affine4, r: usize, k: usize) {
+pub(crate) fn prefetch_affine<const BITS: usize>(
+    w: &crate::quant::decode::Affine<BITS>,
+    r: usize,
+    k: usize,
+) {
     #[cfg(target_arch = "x86_64")]
-    crate::cpu::prefetch_l2(w.packed, r * k / 2 + crate::cpu::PREFETCH_BYTES, k / 2);
+    {
+        let row_bytes = k * BITS / 8;
+        crate::cpu::prefetch_l2(
+            w.packed,
+            r * row_bytes + crate::cpu::PREFETCH_BYTES,
+            row_bytes,
+        );
+    }
     let _ = (w, r, k);
 }

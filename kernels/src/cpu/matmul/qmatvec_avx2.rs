@@ -1,4 +1,4 @@
-//! Decode-shaped products with 4-bit affine weights, fused for AVX2: per group,
+//! Decode-shaped products with 4- and 8-bit affine weights, fused for AVX2: per group,
 //! `Σ x·(s·q + b) = Σ x·(s·q) + b·Σx`, so each code is widened once, scaled once, and shared by
 //! all input rows, and the bias costs one multiply per group using the input's group sums.
 //!
@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::out::DECODE_MAX_M;
-use crate::quant::decode::Affine4;
+use crate::quant::decode::Affine;
 
 /// Σx over each group of each input row: `[m, k / group]`, summed left to right.
 pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
@@ -19,15 +19,21 @@ pub fn group_sums(xs: &[f32], m: usize, k: usize, group: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Whether [`row_dot`] takes `BITS`-bit codes in groups of `group`: 4 or 8 bits, and groups of
+/// whole 16-column steps.
+pub fn applies(bits: usize, group: usize) -> bool {
+    matches!(bits, 4 | 8) && group.is_multiple_of(16)
+}
+
 /// `out[i] = x_i · w_r` for input rows `i < m ≤ DECODE_MAX_M` and weight row `r`.
 ///
 /// # Safety
-/// The CPU has AVX2; `xs` holds `m` rows of `k`, `xsum` is `group_sums` of them, and `r` is a
-/// row of `w` (which has `k` columns).
+/// The CPU has AVX2; [`applies`] to the weight; `xs` holds `m` rows of `k`, `xsum` is
+/// `group_sums` of them, and `r` is a row of `w` (which has `k` columns).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub unsafe fn row_dot(
-    w: &Affine4,
+pub unsafe fn row_dot<const BITS: usize>(
+    w: &Affine<BITS>,
     r: usize,
     k: usize,
     xs: &[f32],
@@ -40,19 +46,22 @@ pub unsafe fn row_dot(
     // SAFETY: forwarded from the caller.
     unsafe {
         match m {
-            1 => row_dot_m::<1>(w, r, k, xs, xsum, out),
-            2 => row_dot_m::<2>(w, r, k, xs, xsum, out),
-            3 => row_dot_m::<3>(w, r, k, xs, xsum, out),
-            4 => row_dot_m::<4>(w, r, k, xs, xsum, out),
-            _ => row_dot_m::<5>(w, r, k, xs, xsum, out),
+            1 => row_dot_m::<1, BITS>(w, r, k, xs, xsum, out),
+            2 => row_dot_m::<2, BITS>(w, r, k, xs, xsum, out),
+            3 => row_dot_m::<3, BITS>(w, r, k, xs, xsum, out),
+            4 => row_dot_m::<4, BITS>(w, r, k, xs, xsum, out),
+            5 => row_dot_m::<5, BITS>(w, r, k, xs, xsum, out),
+            6 => row_dot_m::<6, BITS>(w, r, k, xs, xsum, out),
+            7 => row_dot_m::<7, BITS>(w, r, k, xs, xsum, out),
+            _ => row_dot_m::<8, BITS>(w, r, k, xs, xsum, out),
         }
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn row_dot_m<const M: usize>(
-    w: &Affine4,
+unsafe fn row_dot_m<const M: usize, const BITS: usize>(
+    w: &Affine<BITS>,
     r: usize,
     k: usize,
     xs: &[f32],
@@ -61,15 +70,29 @@ unsafe fn row_dot_m<const M: usize>(
 ) {
     let group = w.group;
     let groups = k / group;
-    let words = &w.packed[r * k / 8..(r + 1) * k / 8];
+    // Words per 16 columns: 2 of 4-bit codes, 4 of 8-bit.
+    let step = 16 * BITS / 32;
+    let words = &w.packed[r * k * BITS / 32..(r + 1) * k * BITS / 32];
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let low = _mm256_set1_epi32(0xF);
-    let widen = |word: u32, s: __m256| {
-        let q = _mm256_and_si256(
+    let nibbles = |word: u32| {
+        _mm256_and_si256(
             _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts),
             low,
-        );
-        _mm256_mul_ps(_mm256_cvtepi32_ps(q), s)
+        )
+    };
+    // Columns c..c + 16 of the row as two vectors of codes.
+    let codes = |ws: &[u32]| -> (__m256i, __m256i) {
+        if BITS == 4 {
+            (nibbles(ws[0]), nibbles(ws[1]))
+        } else {
+            // SAFETY: `ws` holds the 4 words (16 bytes) of the step.
+            let bytes = unsafe { _mm_loadu_si128(ws.as_ptr().cast()) };
+            (
+                _mm256_cvtepu8_epi32(bytes),
+                _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)),
+            )
+        }
     };
     let mut even = [_mm256_setzero_ps(); M];
     let mut odd = [_mm256_setzero_ps(); M];
@@ -77,12 +100,14 @@ unsafe fn row_dot_m<const M: usize>(
     for g in 0..groups {
         let s = _mm256_set1_ps(w.scales.get(r * groups + g));
         let b = w.biases.get(r * groups + g);
-        // Groups hold 4, 8 or 16 words: whole pairs, one pair per step.
-        for (p, pair) in words[g * group / 8..(g + 1) * group / 8]
-            .chunks_exact(2)
-            .enumerate()
-        {
-            let (v0, v1) = (widen(pair[0], s), widen(pair[1], s));
+        // Groups hold whole 16-column steps ([`applies`]).
+        let gw = group * BITS / 32;
+        for (p, ws) in words[g * gw..(g + 1) * gw].chunks_exact(step).enumerate() {
+            let (q0, q1) = codes(ws);
+            let (v0, v1) = (
+                _mm256_mul_ps(_mm256_cvtepi32_ps(q0), s),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(q1), s),
+            );
             let c = g * group + p * 16;
             for i in 0..M {
                 // SAFETY: c + 16 ≤ k, and row i of xs has k elements.

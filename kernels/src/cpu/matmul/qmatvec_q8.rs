@@ -41,7 +41,7 @@ macro_rules! write_rows {
             _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
         };
         for r in $r0..$r1 {
-            $crate::cpu::matmul::out::prefetch_affine4(
+            $crate::cpu::matmul::out::prefetch_affine(
                 &$w,
                 r,
                 $q.groups * $crate::cpu::matmul::qmatvec_q8::GROUP,
@@ -191,7 +191,7 @@ pub unsafe fn rows(
     // SAFETY: forwarded.
     unsafe {
         each_row(r0, r1, q.m, n, dst, |r, out| {
-            super::out::prefetch_affine4(w, r, q.groups * GROUP);
+            super::out::prefetch_affine(w, r, q.groups * GROUP);
             row_dot(w, r, q, isa, out)
         })
     }
