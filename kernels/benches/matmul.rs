@@ -171,14 +171,16 @@ fn benches(c: &mut Criterion) {
     }
     // A tied LM head of 151936 × 1024 (Qwen3-0.6B's): far past the caches, so decode streams
     // it from memory, as a whole model's weights are.
-    let head = Problem::new(1, 151_936, 1024);
-    bench_group(
-        c,
-        "decode_lm_head_1x1024x151936",
-        &head,
-        &["bf16", "q4g64"],
-        false,
-    );
+    // One row and eight (a batched step): here the rows share one pass over memory.
+    for m in [1, 8] {
+        bench_group(
+            c,
+            &format!("decode_lm_head_{m}x1024x151936"),
+            &Problem::new(m, 151_936, 1024),
+            &["bf16", "q4g64", "q8g64"],
+            false,
+        );
+    }
 }
 
 criterion_group!(matmul, benches);
