@@ -260,7 +260,7 @@ fn matvec_chunks<'a>(
         }
         #[cfg(target_arch = "x86_64")]
         if isa.avx2 && qmatvec_avx2::applies(4, a4.group) {
-            return fused_affine(a4, xs, m, k, n, dst);
+            return fused_affine(a4, xs, m, k, n, isa, dst);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -268,7 +268,7 @@ fn matvec_chunks<'a>(
         .affine8()
         .filter(|a| isa.avx2 && qmatvec_avx2::applies(8, a.group))
     {
-        return fused_affine(a8, xs, m, k, n, dst);
+        return fused_affine(a8, xs, m, k, n, isa, dst);
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
@@ -297,6 +297,7 @@ fn fused_affine<'a, const BITS: usize>(
     m: usize,
     k: usize,
     n: usize,
+    isa: Isa,
     dst: OutPtr,
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let xsum = qmatvec_avx2::group_sums(xs, m, k, a.group);
@@ -304,9 +305,15 @@ fn fused_affine<'a, const BITS: usize>(
         let mut row = [0.0f32; DECODE_MAX_M];
         for r in r0..r1 {
             out::prefetch_affine(&a, r, k);
-            // SAFETY: AVX2 is present and the kernel applies (the caller's checks), xs/xsum
-            // are m rows of k and their group sums, and r < n.
-            unsafe { qmatvec_avx2::row_dot(&a, r, k, xs, m, &xsum, &mut row) };
+            // SAFETY: AVX2 (and AVX-512 where taken) is present and the kernel applies (the
+            // caller's checks), xs/xsum are m rows of k and their group sums, and r < n.
+            unsafe {
+                if isa.avx512 {
+                    qmatvec_avx2::row_dot_avx512(&a, r, k, xs, m, &xsum, &mut row)
+                } else {
+                    qmatvec_avx2::row_dot(&a, r, k, xs, m, &xsum, &mut row)
+                }
+            };
             for (i, &v) in row[..m].iter().enumerate() {
                 // SAFETY: column r belongs to this chunk alone.
                 unsafe { *dst.at(i * n + r) = v };

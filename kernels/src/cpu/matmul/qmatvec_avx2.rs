@@ -124,10 +124,106 @@ unsafe fn row_dot_m<const M: usize, const BITS: usize>(
         }
     }
     for i in 0..M {
-        let v = _mm256_add_ps(even[i], odd[i]);
-        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-        out[i] = _mm_cvtss_f32(h) + bias[i];
+        out[i] = finish(even[i], odd[i], bias[i]);
+    }
+}
+
+/// A row's result from its two accumulators and its bias term, in a fixed order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn finish(even: __m256, odd: __m256, bias: f32) -> f32 {
+    let v = _mm256_add_ps(even, odd);
+    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    _mm_cvtss_f32(h) + bias
+}
+
+/// [`row_dot`] on AVX-512: one 16-lane register per input row holds the AVX2 kernel's two
+/// accumulators side by side (the step's columns `c..c + 8` in the low half, `c + 8..c + 16` in
+/// the high half), and every lane runs the same multiplies and adds in the same order, so the
+/// bits are the AVX2 kernel's, with half the instructions.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL (and AVX2); otherwise as [`row_dot`].
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+pub unsafe fn row_dot_avx512<const BITS: usize>(
+    w: &Affine<BITS>,
+    r: usize,
+    k: usize,
+    xs: &[f32],
+    m: usize,
+    xsum: &[f32],
+    out: &mut [f32; DECODE_MAX_M],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match m {
+            1 => wide_m::<1, BITS>(w, r, k, xs, xsum, out),
+            2 => wide_m::<2, BITS>(w, r, k, xs, xsum, out),
+            3 => wide_m::<3, BITS>(w, r, k, xs, xsum, out),
+            4 => wide_m::<4, BITS>(w, r, k, xs, xsum, out),
+            5 => wide_m::<5, BITS>(w, r, k, xs, xsum, out),
+            6 => wide_m::<6, BITS>(w, r, k, xs, xsum, out),
+            7 => wide_m::<7, BITS>(w, r, k, xs, xsum, out),
+            _ => wide_m::<8, BITS>(w, r, k, xs, xsum, out),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn wide_m<const M: usize, const BITS: usize>(
+    w: &Affine<BITS>,
+    r: usize,
+    k: usize,
+    xs: &[f32],
+    xsum: &[f32],
+    out: &mut [f32; DECODE_MAX_M],
+) {
+    let group = w.group;
+    let groups = k / group;
+    let step = 16 * BITS / 32;
+    let words = &w.packed[r * k * BITS / 32..(r + 1) * k * BITS / 32];
+    let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    let low = _mm512_set1_epi32(0xF);
+    // Lane l reads word l / 8 of the step's two.
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    // Columns c..c + 16 of the row as one vector of codes.
+    let codes = |ws: &[u32]| -> __m512i {
+        if BITS == 4 {
+            // SAFETY: `ws` holds the step's 2 words (8 bytes).
+            let pair = _mm512_castsi128_si512(unsafe { _mm_loadl_epi64(ws.as_ptr().cast()) });
+            let spread = _mm512_permutexvar_epi32(halves, pair);
+            _mm512_and_si512(_mm512_srlv_epi32(spread, shifts), low)
+        } else {
+            // SAFETY: `ws` holds the step's 4 words (16 bytes).
+            _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(ws.as_ptr().cast()) })
+        }
+    };
+    let mut acc = [_mm512_setzero_ps(); M];
+    let mut bias = [0.0f32; M];
+    for g in 0..groups {
+        let s = _mm512_set1_ps(w.scales.get(r * groups + g));
+        let b = w.biases.get(r * groups + g);
+        let gw = group * BITS / 32;
+        for (p, ws) in words[g * gw..(g + 1) * gw].chunks_exact(step).enumerate() {
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(codes(ws)), s);
+            let c = g * group + p * 16;
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: c + 16 ≤ k, and row i of xs has k elements.
+                let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(i * k + c)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, v));
+            }
+        }
+        for (i, bi) in bias.iter_mut().enumerate() {
+            *bi += b * xsum[i * groups + g];
+        }
+    }
+    for (i, a) in acc.iter().enumerate() {
+        let even = _mm512_castps512_ps256(*a);
+        let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
+        out[i] = finish(even, odd, bias[i]);
     }
 }
