@@ -11,7 +11,6 @@ use rayon::prelude::*;
 
 use super::attention_decode as decode;
 use super::isa::Isa;
-use super::matmul::DECODE_MAX_M;
 use super::unary::exp_approx;
 use crate::params::AttnParams;
 use crate::{Result, Tensor};
@@ -22,10 +21,11 @@ const TASK_ROWS: usize = 64;
 /// Keys scored per step of the online softmax; the score tile (`TASK_ROWS × KEY_TILE` f32)
 /// stays in L2.
 const KEY_TILE: usize = 256;
-/// Calls with at most this many query positions (one decode token, or the tokens of an MTP
-/// verification, as for the matmuls) take [`Geometry::task_small`]: per row, the same bits
-/// whichever of them it is.
-const SMALL_T: usize = DECODE_MAX_M;
+/// Calls with at most this many query positions (one decode token, or the up to 5 tokens of an
+/// MTP verification) take [`Geometry::task_small`]: per row, the same bits whichever of them it
+/// is. Not the matmuls' 8-row decode bound: a batched step runs attention per sequence, and a
+/// longer piece of a prompt keeps the prefill tiling.
+const SMALL_T: usize = 5;
 
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
     run(q, k, v, None, p)
