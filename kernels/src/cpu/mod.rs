@@ -3,19 +3,23 @@
 //! result are independent of the thread count.
 
 /// `$f::<M>(args…)` for the const `M` equal to the run-time row count `$m` (at most
-/// `matmul::DECODE_MAX_M`): a const count keeps the accumulators in registers.
+/// `matmul::DECODE_MAX_M`): a const count keeps the accumulators in registers. With
+/// `$f[G…](args…)` the generic arguments `G…` follow `M` (`$f::<M, G…>`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_rows {
     ($m:expr, $f:ident($($a:expr),*)) => {
+        by_rows!($m, $f[]($($a),*))
+    };
+    ($m:expr, $f:ident[$($g:tt)*]($($a:expr),*)) => {
         match $m {
-            1 => $f::<1>($($a),*),
-            2 => $f::<2>($($a),*),
-            3 => $f::<3>($($a),*),
-            4 => $f::<4>($($a),*),
-            5 => $f::<5>($($a),*),
-            6 => $f::<6>($($a),*),
-            7 => $f::<7>($($a),*),
-            _ => $f::<8>($($a),*),
+            1 => $f::<1, $($g)*>($($a),*),
+            2 => $f::<2, $($g)*>($($a),*),
+            3 => $f::<3, $($g)*>($($a),*),
+            4 => $f::<4, $($g)*>($($a),*),
+            5 => $f::<5, $($g)*>($($a),*),
+            6 => $f::<6, $($g)*>($($a),*),
+            7 => $f::<7, $($g)*>($($a),*),
+            _ => $f::<8, $($g)*>($($a),*),
         }
     };
 }

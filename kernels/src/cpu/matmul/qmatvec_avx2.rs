@@ -44,18 +44,7 @@ pub unsafe fn row_dot<const BITS: usize>(
     // A const row count keeps every accumulator in a register (indexing them by a run-time
     // count spills them to the stack and serialises the adds through memory).
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match m {
-            1 => row_dot_m::<1, BITS>(w, r, k, xs, xsum, out),
-            2 => row_dot_m::<2, BITS>(w, r, k, xs, xsum, out),
-            3 => row_dot_m::<3, BITS>(w, r, k, xs, xsum, out),
-            4 => row_dot_m::<4, BITS>(w, r, k, xs, xsum, out),
-            5 => row_dot_m::<5, BITS>(w, r, k, xs, xsum, out),
-            6 => row_dot_m::<6, BITS>(w, r, k, xs, xsum, out),
-            7 => row_dot_m::<7, BITS>(w, r, k, xs, xsum, out),
-            _ => row_dot_m::<8, BITS>(w, r, k, xs, xsum, out),
-        }
-    }
+    unsafe { by_rows!(m, row_dot_m[BITS](w, r, k, xs, xsum, out)) }
 }
 
 #[inline]
@@ -158,18 +147,7 @@ pub unsafe fn row_dot_avx512<const BITS: usize>(
     out: &mut [f32; DECODE_MAX_M],
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match m {
-            1 => wide_m::<1, BITS>(w, r, k, xs, xsum, out),
-            2 => wide_m::<2, BITS>(w, r, k, xs, xsum, out),
-            3 => wide_m::<3, BITS>(w, r, k, xs, xsum, out),
-            4 => wide_m::<4, BITS>(w, r, k, xs, xsum, out),
-            5 => wide_m::<5, BITS>(w, r, k, xs, xsum, out),
-            6 => wide_m::<6, BITS>(w, r, k, xs, xsum, out),
-            7 => wide_m::<7, BITS>(w, r, k, xs, xsum, out),
-            _ => wide_m::<8, BITS>(w, r, k, xs, xsum, out),
-        }
-    }
+    unsafe { by_rows!(m, wide_m[BITS](w, r, k, xs, xsum, out)) }
 }
 
 #[inline]
