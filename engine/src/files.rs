@@ -1,13 +1,14 @@
 //! Opening the files of a checkpoint folder, which is untrusted input: only regular files are
 //! opened (a named pipe would block the loader forever, a device such as `/dev/zero` would feed
 //! it without end), and text files are read only up to a size limit, before anything is
-//! allocated for them.
+//! allocated for them. Folders this project writes (imports, quantized copies) appear whole or
+//! not at all ([`write_new_folder`]).
 
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 /// config.json, generation_config.json, tokenizer_config.json, the shard index, chat templates:
 /// the largest real ones are a few hundred KiB.
@@ -74,4 +75,25 @@ fn kind(t: &std::fs::FileType) -> &'static str {
     } else {
         "not a plain file"
     }
+}
+
+/// Runs `write` on a scratch folder beside `out` (named with `what` and this process's id), then
+/// renames it to `out`, which must not exist: a failure removes the scratch folder, so nothing
+/// half-written is left at either place.
+pub fn write_new_folder<T>(
+    out: &Path,
+    what: &str,
+    write: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    ensure!(
+        !out.exists(),
+        "{}: already exists; choose a new folder",
+        out.display()
+    );
+    let tmp = out.with_extension(format!("{what}-{}", std::process::id()));
+    let result = write(&tmp).and_then(|v| Ok(std::fs::rename(&tmp, out).map(|()| v)?));
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
 }

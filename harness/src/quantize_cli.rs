@@ -65,18 +65,10 @@ impl QuantizeArgs {
 /// Writes `input` quantized to `out` (which must not exist; nothing is left there on
 /// failure). Returns how many matrices were quantized.
 pub fn quantize_folder(input: &Path, out: &Path, spec: QuantSpec, progress: bool) -> Result<usize> {
-    ensure!(
-        !out.exists(),
-        "{}: already exists; choose a new folder",
-        out.display()
-    );
-    let tmp = out.with_extension(format!("quantizing-{}", std::process::id()));
-    let result = write_quantized(input, &tmp, spec, progress)
-        .and_then(|n| Ok(fs::rename(&tmp, out).map(|()| n)?));
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
-    }
-    result.with_context(|| format!("quantizing {}", input.display()))
+    engine::files::write_new_folder(out, "quantizing", |tmp| {
+        write_quantized(input, tmp, spec, progress)
+    })
+    .with_context(|| format!("quantizing {}", input.display()))
 }
 
 fn write_quantized(input: &Path, dir: &Path, spec: QuantSpec, progress: bool) -> Result<usize> {

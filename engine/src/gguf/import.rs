@@ -59,18 +59,10 @@ pub fn import(
     dtype: OutDtype,
     tokenizer_from: Option<&Path>,
 ) -> Result<TokenizerSource> {
-    ensure!(
-        !out.exists(),
-        "{}: already exists; choose a new folder",
-        out.display()
-    );
-    let tmp = out.with_extension(format!("importing-{}", std::process::id()));
-    let result = write_folder(gguf, &tmp, dtype, tokenizer_from)
-        .and_then(|source| Ok(std::fs::rename(&tmp, out).map(|()| source)?));
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result.with_context(|| format!("importing {}", gguf.path().display()))
+    crate::files::write_new_folder(out, "importing", |tmp| {
+        write_folder(gguf, tmp, dtype, tokenizer_from)
+    })
+    .with_context(|| format!("importing {}", gguf.path().display()))
 }
 
 fn write_folder(

@@ -75,6 +75,11 @@ impl Interval {
     pub fn relative_half_width(&self, center: f64) -> f64 {
         (self.hi - self.lo) / 2.0 / center.abs()
     }
+
+    /// Whether this interval of a median `center` is within ±[`TARGET_HALF_WIDTH`].
+    pub fn is_narrow(&self, center: f64) -> bool {
+        self.relative_half_width(center) <= TARGET_HALF_WIDTH
+    }
 }
 
 /// The median of `values` resampled with replacement `RESAMPLES` times (a fixed seed: the

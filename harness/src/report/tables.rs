@@ -21,7 +21,7 @@ pub fn fmt_ms(x: f64) -> String {
 /// Whether a side's median is known to ±[`TARGET_HALF_WIDTH`] (false under three runs).
 pub fn narrow(s: &Side) -> bool {
     s.ttft_ms_ci
-        .is_some_and(|ci| ci.relative_half_width(s.ttft_ms.median) <= TARGET_HALF_WIDTH)
+        .is_some_and(|ci| ci.is_narrow(s.ttft_ms.median))
 }
 
 fn fmt_side(s: Option<&Side>) -> String {

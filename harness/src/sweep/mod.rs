@@ -215,7 +215,7 @@ fn wide_cells(rows: &[Measurement], lengths: &[usize], paths: &[PathSpec]) -> Ve
                 .collect();
             let ci = stats::median_interval(&v);
             let median = stats::Summary::of(&mut v).median;
-            if !ci.is_some_and(|ci| ci.relative_half_width(median) <= stats::TARGET_HALF_WIDTH) {
+            if !ci.is_some_and(|ci| ci.is_narrow(median)) {
                 wide.push((len, name));
             }
         }
