@@ -327,14 +327,16 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         );
         if let Some(m) = &out.mtp {
             eprintln!(
-                "[mtp {}: {} of {} drafts accepted ({:.0}%), {:.2} per round over {} rounds, {} replays]",
+                "[mtp {}: {} of {} drafts accepted ({:.0}%), {:.2} per round over {} rounds; {} rollbacks, {} replays; {} plain steps]",
                 m.depth,
                 m.accepted,
                 m.drafted,
                 100.0 * m.acceptance_rate,
                 m.mean_accepted_length,
                 m.rounds,
-                m.replays
+                m.rollbacks,
+                m.replays,
+                m.plain_steps
             );
         }
     }

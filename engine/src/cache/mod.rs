@@ -172,6 +172,61 @@ impl ModelState {
         Ok(())
     }
 
+    /// Records, in every Gated DeltaNet layer, what the next forward feeds it (speculative
+    /// verification), so [`ModelState::keep_recorded`] can rebuild the state after any of
+    /// its positions without running the kept tokens again.
+    pub fn record_steps(&mut self) {
+        for l in &mut self.layers {
+            if let LayerState::Recurrent(r) = l {
+                r.record = Some(recurrent::Record::Armed);
+            }
+        }
+    }
+
+    /// Keeps the first `n` positions of the forward run since `mark` (taken just before
+    /// [`record_steps`]) and forgets the rest: KV caches are trimmed, recurrent layers rebuild
+    /// their state after position `n` from the record. Recording stops either way. Returns
+    /// false, with the state unchanged, where a layer could not record (a short conv, tensors
+    /// on a device, more than one forward): the caller then rolls back to `mark` and runs
+    /// the kept tokens again.
+    ///
+    /// [`record_steps`]: ModelState::record_steps
+    pub fn keep_recorded(&mut self, mark: &StateMark, n: usize) -> Result<bool> {
+        let ran = self.pos.saturating_sub(mark.pos);
+        let recorded = self.layers.iter().all(|l| match l {
+            LayerState::Kv(_) => true,
+            LayerState::Recurrent(r) => r.recorded() == Some(ran),
+            LayerState::Conv(_) => false,
+        });
+        let checked = (|| {
+            ensure!(
+                mark.layers.len() == self.layers.len() && mark.pos + n <= self.pos && n > 0,
+                "keeping {n} positions after a mark at {} in a state at {}",
+                mark.pos,
+                self.pos
+            );
+            Ok(())
+        })();
+        if checked.is_err() || !recorded {
+            for l in &mut self.layers {
+                if let LayerState::Recurrent(r) = l {
+                    r.record = None;
+                }
+            }
+            return checked.map(|_| false);
+        }
+        let pos = mark.pos + n;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Kv(c) if c.pos() > pos => c.truncate(pos)?,
+                LayerState::Recurrent(r) => r.keep_recorded(n)?,
+                _ => {}
+            }
+        }
+        self.pos = pos;
+        Ok(true)
+    }
+
     /// Forgets every position from `pos` on, when the state allows it: only KV caches can be
     /// trimmed (recurrent and conv states hold no per-position history), and a rotating cache
     /// only back to a position it still holds. Returns whether it was trimmed; a state that

@@ -5,10 +5,17 @@
 //! is kept and its own next token (the correction) follows, so the output is the main model's
 //! own argmax sequence whatever the drafts are. Sampling: drafts are drawn from the head's
 //! distribution and kept by the standard speculative-sampling rule ([`accept_sampled`]), so
-//! the tokens follow the main model's distribution exactly. When a draft is rejected the main
-//! state rolls back to `x` and replays the kept tokens: Gated DeltaNet and conv states cannot
-//! be trimmed, KV caches are trimmed. The head keeps its own KV caches, rolled back the same
-//! way after its chained drafts.
+//! the tokens follow the main model's distribution exactly.
+//!
+//! When a draft is rejected the main state returns to the last kept position without running
+//! anything again: verification records each Gated DeltaNet layer's state after every
+//! position (`ModelState::record_steps`), KV caches are trimmed. Where a layer cannot record
+//! (tensors on a device) the state rolls back to `x` and the kept tokens are replayed. The
+//! head keeps its own KV caches, trimmed the same way after its chained drafts.
+//!
+//! How deep to draft follows the acceptance seen so far ([`Pace`]): fewer drafts when they
+//! are rejected, plain decoding (the head only keeping its cache in step) when even one
+//! rarely survives, with probes at growing intervals to notice when it would again.
 
 use anyhow::Result;
 use kernels::{ops, Tensor};
@@ -39,6 +46,7 @@ pub struct ForcedDrafts {
 /// What speculative decoding did, for `--json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct MtpStats {
+    /// The most tokens drafted per round (`--mtp D`).
     pub depth: usize,
     /// Verification rounds (main-model forwards over drafts).
     pub rounds: usize,
@@ -48,10 +56,90 @@ pub struct MtpStats {
     pub acceptance_rate: f64,
     /// Drafts accepted per round.
     pub mean_accepted_length: f64,
-    /// For each draft position, the share of rounds in which it was accepted.
+    /// For each draft position, the share of the rounds that drafted it in which it was
+    /// accepted.
     pub per_position_acceptance: Vec<f64>,
-    /// Rounds that rolled the main state back and replayed the kept tokens.
+    /// Rounds with a rejection that returned to the last kept position from the states
+    /// recorded during verification (no forward run again).
+    pub rollbacks: usize,
+    /// Rounds with a rejection that rolled back to `x` and replayed the kept tokens (where
+    /// the state could not record).
     pub replays: usize,
+    /// Tokens decoded without drafts, while acceptance was too low to pay.
+    pub plain_steps: usize,
+}
+
+/// How many tokens the next round drafts, from the acceptance seen so far. Deterministic
+/// (no timings), so a seed gives the same tokens on every run.
+///
+/// Draft position `j` pays when it is likely to be reached and kept: the estimate `a` of one
+/// draft's acceptance (an exponential average over every verified draft, weight
+/// [`Pace::WEIGHT`]) gives `a^j`, drafted while it is at least [`Pace::WORTH`]. Below that
+/// for the first draft, decoding goes plain and probes with one draft after 2, 4, 8, ..
+/// [`Pace::MAX_GAP`] plain steps; a kept probe resumes drafting.
+#[derive(Debug, Clone)]
+struct Pace {
+    max: usize,
+    accept: f64,
+    /// Plain steps before the next probe.
+    skip: usize,
+    /// The gap after the next failed probe.
+    gap: usize,
+}
+
+impl Pace {
+    /// The weight of the newest verified draft in the acceptance estimate.
+    const WEIGHT: f64 = 0.5;
+    /// The least chance of being reached and kept for which a draft position is drafted.
+    /// An extra draft costs a head forward (its LM head) and a verification row, about half
+    /// a plain step on the bench widths, against a token it gains with that chance.
+    const WORTH: f64 = 0.5;
+    /// The first and the longest run of plain steps between probes.
+    const MIN_GAP: usize = 2;
+    const MAX_GAP: usize = 32;
+
+    fn new(max: usize) -> Pace {
+        Pace {
+            max,
+            accept: 1.0,
+            skip: 0,
+            gap: Self::MIN_GAP,
+        }
+    }
+
+    /// The depth of the next round, or `None` for a plain step.
+    fn next(&mut self) -> Option<usize> {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return None;
+        }
+        let mut depth = 1;
+        while depth < self.max && self.accept.powi(depth as i32 + 1) >= Self::WORTH {
+            depth += 1;
+        }
+        Some(depth)
+    }
+
+    /// Whether the step after this one drafts (the head then needs its logits now).
+    fn drafts_next(&self) -> bool {
+        self.skip == 0
+    }
+
+    /// Takes a round's outcome: `kept` of `drafted` drafts accepted.
+    fn verified(&mut self, drafted: usize, kept: usize) {
+        for ok in (0..kept)
+            .map(|_| true)
+            .chain((kept < drafted).then_some(false))
+        {
+            self.accept = (1.0 - Self::WEIGHT) * self.accept + Self::WEIGHT * f64::from(ok);
+        }
+        if kept > 0 {
+            self.gap = Self::MIN_GAP;
+        } else if self.accept < Self::WORTH {
+            self.skip = self.gap;
+            self.gap = (2 * self.gap).min(Self::MAX_GAP);
+        }
+    }
 }
 
 /// The first token (from prefill) and everything after it, as [`super::generate`] needs it.
@@ -147,17 +235,43 @@ pub(super) fn decode(
         None => ops::argmax(&logits)?[0],
     };
     if !emit(&mut out, x, &logits, &setup, on_token) {
-        return Ok(finish(out));
+        return Ok(finish(out, &[]));
     }
     // The head's pair for the prompt's last position drafts the token after `x`.
     let (pending, mut pending_hidden) =
         draft(&setup, drafter, (&[x], &hidden), &mut draft_state, true)?;
     let mut pending = pending.expect("asked for logits");
+    let mut pace = Pace::new(d);
+    let mut reached = vec![0usize; d];
 
     while out.tokens.len() < setup.budget {
         let left = setup.budget - out.tokens.len();
+        let Some(depth) = pace.next() else {
+            // A plain step; the head still takes its pair so its cache stays in step, and
+            // computes its logits when the next step drafts.
+            let (logits, h) = run(setup.device, setup.kernels, || {
+                drafter.forward_hidden(&[x], state, false)
+            })?;
+            super::check_finite(&logits, state.pos)?;
+            let t = match sampler.as_mut() {
+                Some(s) => s.sample(&logits)?,
+                None => ops::argmax(&logits)?[0],
+            };
+            out.stats.plain_steps += 1;
+            if !emit(&mut out, t, &logits, &setup, on_token) {
+                return Ok(finish(out, &reached));
+            }
+            let wants = pace.drafts_next();
+            let (l, head_h) = draft(&setup, drafter, (&[t], &h), &mut draft_state, wants)?;
+            if let Some(l) = l {
+                pending = l;
+            }
+            pending_hidden = head_h;
+            x = t;
+            continue;
+        };
         // No draft past the budget: the last token of a round is the main model's own.
-        let depth = d.min(left.saturating_sub(1)).max(1);
+        let depth = depth.min(left.saturating_sub(1)).max(1);
         let (drafts, dists) = draft_round(
             &setup,
             drafter,
@@ -169,6 +283,7 @@ pub(super) fn decode(
         let (drafts, dists) = force(opts, (drafts, dists), out.tokens.len(), setup.vocab);
 
         let before = state.mark();
+        state.record_steps();
         let mut ids = Vec::with_capacity(depth + 1);
         ids.push(x);
         ids.extend(&drafts);
@@ -184,23 +299,30 @@ pub(super) fn decode(
             }
             Some(s) => accept_sampled(s, &verify, &drafts, &dists)?,
         };
+        pace.verified(depth, kept);
         let st = &mut out.stats;
         st.rounds += 1;
         st.drafted += depth;
         st.accepted += kept;
+        for r in reached.iter_mut().take(depth) {
+            *r += 1;
+        }
         for p in st.per_position_acceptance.iter_mut().take(kept) {
             *p += 1.0;
         }
         hidden = verify_hidden;
-        if kept < depth {
-            // Back to `x`, then the kept tokens again: the rejected drafts left their marks in
-            // the recurrent state.
+        // Back to the last kept position: from the recorded states, or (where a layer could
+        // not record) to `x` and the kept tokens again. With every draft kept the state
+        // already stands there.
+        if !state.keep_recorded(&before, kept + 1)? && kept < depth {
             state.rollback(&before)?;
             let (_, h) = run(setup.device, setup.kernels, || {
                 drafter.forward_hidden(&ids[..kept + 1], state, false)
             })?;
             hidden = h;
             out.stats.replays += 1;
+        } else if kept < depth {
+            out.stats.rollbacks += 1;
         }
         for (i, &t) in drafts[..kept].iter().chain([&correction]).enumerate() {
             let row = if setup.keep_rows {
@@ -209,7 +331,7 @@ pub(super) fn decode(
                 verify.clone()
             };
             if !emit(&mut out, t, &row, &setup, on_token) {
-                return Ok(finish(out));
+                return Ok(finish(out, &reached));
             }
         }
         // The head's pairs for the positions the main model just settled: (token at t + 1,
@@ -217,12 +339,20 @@ pub(super) fn decode(
         let mut next = drafts[..kept].to_vec();
         next.push(correction);
         let rows = hidden.narrow0(0, kept + 1)?;
-        let (l, h) = draft(&setup, drafter, (&next, &rows), &mut draft_state, true)?;
-        pending = l.expect("asked for logits");
+        let (l, h) = draft(
+            &setup,
+            drafter,
+            (&next, &rows),
+            &mut draft_state,
+            pace.drafts_next(),
+        )?;
+        if let Some(l) = l {
+            pending = l;
+        }
         pending_hidden = h.narrow0(kept, 1)?;
         x = correction;
     }
-    Ok(finish(out))
+    Ok(finish(out, &reached))
 }
 
 /// One run of the draft head (see [`SelfDrafter::draft`]) with the sequence's kernel settings.
@@ -349,15 +479,18 @@ fn emit(
     out.tokens.len() < setup.budget
 }
 
-fn finish(mut out: Decoded) -> Decoded {
+/// The stats' rates; `reached[j]`: rounds that drafted position `j`.
+fn finish(mut out: Decoded, reached: &[usize]) -> Decoded {
     let st = &mut out.stats;
     if st.drafted > 0 {
         st.acceptance_rate = st.accepted as f64 / st.drafted as f64;
     }
     if st.rounds > 0 {
         st.mean_accepted_length = st.accepted as f64 / st.rounds as f64;
-        for p in &mut st.per_position_acceptance {
-            *p /= st.rounds as f64;
+    }
+    for (p, &n) in st.per_position_acceptance.iter_mut().zip(reached) {
+        if n > 0 {
+            *p /= n as f64;
         }
     }
     out

@@ -10,6 +10,7 @@ use kernels::{ops, Tensor};
 
 use super::params::params;
 use super::{Linear, RmsNorm};
+use crate::cache::recurrent::{Record, Recorded};
 use crate::cache::RecurrentState;
 use crate::weights::Scope;
 
@@ -260,16 +261,37 @@ impl GatedDeltaNet {
     }
 
     /// From the projections of `T` tokens of one sequence to the gated output `[T, Vw]`
-    /// (before `out_proj`): conv, q/k normalisation, the delta rule, gated norm.
+    /// (before `out_proj`): conv, q/k normalisation, the delta rule, gated norm. A recorded
+    /// forward (speculative verification) keeps its inputs and runs the delta rule per step,
+    /// the path its kept positions are rebuilt with.
     fn mix(
         &self,
         [qkv, z, b, a]: [Tensor; 4],
         state: &mut RecurrentState,
         path: GdnPath,
     ) -> Result<Tensor> {
-        let c = &self.cfg;
-        let t = qkv.dim(0);
+        let record = state.arms_record();
+        let before = record.then(|| (state.conv.clone(), state.ssm.clone()));
         let mixed = ops::causal_conv1d(&qkv, &self.conv_weight, &mut state.conv, true)?;
+        let [q, k, v, beta, g_log] = self.delta_inputs(&mixed, &b, &a)?;
+        let path = if record { GdnPath::PerStep } else { path };
+        let y = self.recurrence(&q, &k, &v, &g_log, &beta, &mut state.ssm, path)?;
+        if let Some((conv, ssm)) = before {
+            state.record = Some(Record::Ran(Box::new(Recorded {
+                conv,
+                ssm,
+                qkv,
+                delta: [q, k, v, g_log, beta],
+            })));
+        }
+        self.gated_out(&y, &z)
+    }
+
+    /// From the conv output `[T, C]` and the `b`, `a` projections to the delta rule's
+    /// inputs `[q, k, v, beta, g_log]`: L2-normalised q and k, the write strength and decay.
+    fn delta_inputs(&self, mixed: &Tensor, b: &Tensor, a: &Tensor) -> Result<[Tensor; 5]> {
+        let c = &self.cfg;
+        let t = mixed.dim(0);
         let (kw, vw) = (c.key_width(), c.value_width());
         let q = mixed.narrow(1, 0, kw)?.reshape(&[t, c.k_heads, c.k_dim])?;
         let k = mixed.narrow(1, kw, kw)?.reshape(&[t, c.k_heads, c.k_dim])?;
@@ -284,13 +306,18 @@ impl GatedDeltaNet {
         let q = ops::scale(&ops::rms_norm(&q, None, rms_eps)?, inv * inv)?;
         let k = ops::scale(&ops::rms_norm(&k, None, rms_eps)?, inv)?;
 
-        let beta = ops::sigmoid(&b)?;
-        let g_log = ops::gdn_gate(&a, &self.a_log, &self.dt_bias)?;
-        let y = self.recurrence(&q, &k, &v, &g_log, &beta, &mut state.ssm, path)?;
+        let beta = ops::sigmoid(b)?;
+        let g_log = ops::gdn_gate(a, &self.a_log, &self.dt_bias)?;
+        Ok([q, k, v, beta, g_log])
+    }
 
+    /// The delta rule's output `[T, Hv, Dv]` normed per head and gated by `silu(z)`: `[T, Vw]`.
+    fn gated_out(&self, y: &Tensor, z: &Tensor) -> Result<Tensor> {
+        let c = &self.cfg;
+        let t = y.dim(0);
         let z = z.reshape(&[t, c.v_heads, c.v_dim])?;
-        let y = ops::swiglu(&z, &self.norm.forward(&y)?)?;
-        Ok(y.reshape(&[t, vw])?)
+        let y = ops::swiglu(&z, &self.norm.forward(y)?)?;
+        Ok(y.reshape(&[t, c.value_width()])?)
     }
 
     /// The delta rule on the chosen path. A chunked result that is not finite is recomputed

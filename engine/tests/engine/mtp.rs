@@ -60,14 +60,27 @@ fn mtp_equals_plain(spec: &str, gdn: GdnPath) {
                 "{spec} {gdn:?} --mtp {depth}, {what}: output differs from plain decoding"
             );
             let m = out.mtp.expect("MTP stats");
+            // Rejections return to the kept position from the recorded states (no replay).
+            assert_eq!(m.replays, 0, "{what}: {m:?}");
             match what {
                 "all correct" => {
-                    assert_eq!((m.accepted, m.replays), (m.drafted, 0), "{what}: {m:?}");
-                    assert!(m.rounds < 24, "full acceptance takes fewer rounds: {m:?}");
+                    assert_eq!((m.accepted, m.rollbacks), (m.drafted, 0), "{what}: {m:?}");
+                    assert_eq!(m.plain_steps, 0, "{what}: {m:?}");
+                    // Every round drafts the full depth (the budget's end aside).
+                    assert!(m.drafted + depth > m.rounds * depth, "{what}: {m:?}");
                 }
-                "all wrong" => assert_eq!((m.accepted, m.replays), (0, m.rounds), "{m:?}"),
+                "all wrong" => {
+                    assert_eq!((m.accepted, m.rollbacks), (0, m.rounds), "{m:?}");
+                    // Drafting backs off: most tokens come from plain steps.
+                    assert!(m.plain_steps > 24 / 2, "{what}: {m:?}");
+                }
                 "first correct" if depth > 1 => {
-                    assert!(m.accepted > 0 && m.replays > 0, "partial acceptance: {m:?}")
+                    assert!(
+                        m.accepted > 0 && m.rollbacks > 0,
+                        "partial acceptance: {m:?}"
+                    );
+                    // Depth settles at the one kept draft plus one.
+                    assert!(m.drafted <= 2 * m.rounds + depth, "{what}: {m:?}");
                 }
                 _ => {}
             }
@@ -149,6 +162,66 @@ fn rollback_then_replay_is_bit_identical_to_running_the_kept_tokens() {
         "a fresh state's mark fits any state of the model"
     );
     assert!(ModelState::new(Vec::new()).rollback(&mark).is_err());
+}
+
+/// Verify five tokens while recording, keep the first `n`: for every `n` the state and the
+/// next logits are the bits of a state that ran only those tokens, with no forward run again;
+/// recording stops afterwards.
+#[test]
+fn keeping_recorded_steps_is_bit_identical_to_running_the_kept_tokens() {
+    let p = load("qwen3_5:tiny:f32:hf");
+    let m: &dyn CausalLm = p.model.as_ref();
+    let ids = prompt(&p, 40);
+    let mut start = m.new_state();
+    start.gdn_path = GdnPath::PerStep;
+    m.forward(&ids, &mut start, false).unwrap();
+    let step = [17u32, 3, 250, 9, 41];
+    for n in 1..=step.len() {
+        let mut state = start.clone();
+        let mut reference = start.clone();
+        let mark = state.mark();
+        state.record_steps();
+        let verify = m.forward(&step, &mut state, true).unwrap();
+        assert!(state.keep_recorded(&mark, n).unwrap(), "n = {n}");
+        let alone = m.forward(&step[..n], &mut reference, true).unwrap();
+        assert_eq!(state.pos, ids.len() + n);
+        assert_eq!(snapshot(&state), snapshot(&reference), "n = {n}");
+        // The verification's rows up to n are the kept tokens' own logits.
+        assert_eq!(
+            verify.narrow0(0, n).unwrap().to_vec_f32().unwrap(),
+            alone.to_vec_f32().unwrap(),
+            "n = {n}"
+        );
+        let next = m.forward(&[5], &mut state, false).unwrap();
+        let want = m.forward(&[5], &mut reference, false).unwrap();
+        assert_eq!(next.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
+        assert!(
+            state.layers.iter().all(|l| match l {
+                engine::cache::LayerState::Recurrent(r) => r.record.is_none(),
+                _ => true,
+            }),
+            "recording stops"
+        );
+    }
+    // Keeping more than ran, or nothing, is refused; an unrecorded forward is not kept.
+    let mut state = start.clone();
+    let mark = state.mark();
+    state.record_steps();
+    m.forward(&step[..2], &mut state, true).unwrap();
+    assert!(state.keep_recorded(&mark, 3).is_err());
+    assert!(state.keep_recorded(&mark, 0).is_err());
+    let mut plain = start.clone();
+    let mark = plain.mark();
+    m.forward(&step[..2], &mut plain, true).unwrap();
+    assert!(
+        !plain.keep_recorded(&mark, 1).unwrap(),
+        "nothing was recorded"
+    );
+    assert_eq!(
+        plain.pos,
+        ids.len() + 2,
+        "an unkept state is left as it was"
+    );
 }
 
 #[test]
