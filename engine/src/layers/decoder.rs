@@ -166,7 +166,13 @@ impl DecoderLayer {
                     .collect::<Result<Vec<_>>>()?;
                 g.forward_batch(&h, &mut r, path)?
             }
-            Mixer::Conv(_) => unreachable!("Decoder::batches() excludes conv layers"),
+            Mixer::Conv(c) => {
+                let mut st = states
+                    .iter_mut()
+                    .map(|s| s.layers[i].conv_mut())
+                    .collect::<Result<Vec<_>>>()?;
+                c.forward_batch(&h, &mut st)?
+            }
         };
         let x = self.residual(x, h, 0)?;
         let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
@@ -251,18 +257,10 @@ impl Decoder {
     }
 
     /// Whether a decode step of several sequences can read each weight once for all rows:
-    /// on the CPU, without conv layers (their batched step is still to come), and with every
-    /// sequence on one Gated DeltaNet path.
+    /// on the CPU, with every sequence on one Gated DeltaNet path.
     fn batches(&self, ids: &[u32], states: &[&mut ModelState]) -> bool {
-        self.device() == kernels::Device::Cpu
-            && ids.len() == states.len()
-            && ids.len() >= 2
+        batches_on_cpu(self.device(), ids, states, self.layers.len())
             && states.windows(2).all(|w| w[0].gdn_path == w[1].gdn_path)
-            && states.iter().all(|s| s.layers.len() == self.layers.len())
-            && !self
-                .layers
-                .iter()
-                .any(|l| matches!(l.mixer, Mixer::Conv(_)))
     }
 
     /// One decode step of several sequences, `[N, V]` logits with row `i` equal (bit for bit)
@@ -283,6 +281,21 @@ impl Decoder {
         }
         head::logits_rows(&x, &self.norm, &self.lm_head, self.tail)
     }
+}
+
+/// Whether a decode step of `ids` over `states` can run its rows together: on the CPU (the
+/// rows are stacked and split on the host), two or more sequences, one token each, every
+/// state of a model with `layers` layers.
+pub fn batches_on_cpu(
+    device: kernels::Device,
+    ids: &[u32],
+    states: &[&mut ModelState],
+    layers: usize,
+) -> bool {
+    device == kernels::Device::Cpu
+        && ids.len() == states.len()
+        && ids.len() >= 2
+        && states.iter().all(|s| s.layers.len() == layers)
 }
 
 /// A batched decode step one sequence at a time: `step(ids[i], states[i])` gives row `i`.

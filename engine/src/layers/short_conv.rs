@@ -81,18 +81,52 @@ impl ShortConv {
 
     /// Runs `x` `[T, hidden]` after the tokens `state` (`[K − 1, hidden]`) has seen; updates it.
     pub fn forward(&self, x: &Tensor, state: &mut Tensor) -> Result<Tensor> {
+        let (c, bx) = self.gates(self.in_proj.forward(x)?)?;
+        let conv = ops::causal_conv1d(&bx, &self.conv_weight, state, false)?;
+        self.out(&c, conv, false)
+    }
+
+    /// One decode step of several sequences: row `i` of `x` `[N, hidden]` is the new token of
+    /// the sequence whose conv state is `states[i]`. Each row equals that sequence's
+    /// [`ShortConv::forward`] alone: the projections read each weight once for a group of
+    /// rows (`Linear::forward_rows`), the conv runs per sequence.
+    pub fn forward_batch(&self, x: &Tensor, states: &mut [&mut Tensor]) -> Result<Tensor> {
+        anyhow::ensure!(
+            x.dim(0) == states.len(),
+            "a batched decode step has {} rows for {} sequences",
+            x.dim(0),
+            states.len()
+        );
+        let (c, bx) = self.gates(self.in_proj.forward_rows(x)?)?;
+        let rows = states
+            .iter_mut()
+            .enumerate()
+            .map(|(i, st)| ops::causal_conv1d(&bx.narrow0(i, 1)?, &self.conv_weight, st, false))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let conv = Tensor::cat0(&rows.iter().collect::<Vec<_>>())?;
+        self.out(&c, conv, true)
+    }
+
+    /// From `in_proj`'s output to the output gate `C` and the conv input `B ⊙ x`.
+    fn gates(&self, bcx: Tensor) -> Result<(Tensor, Tensor)> {
         let h = self.hidden();
-        let bcx = with_bias(self.in_proj.forward(x)?, &self.in_bias)?;
+        let bcx = with_bias(bcx, &self.in_bias)?;
         let b = bcx.narrow(1, 0, h)?;
         let c = bcx.narrow(1, h, h)?;
         let bx = ops::mul(&b, &bcx.narrow(1, 2 * h, h)?)?;
+        Ok((c, bx))
+    }
+
+    /// The conv output gated by `C` and projected back (`rows`: each row a separate sequence).
+    fn out(&self, c: &Tensor, conv: Tensor, rows: bool) -> Result<Tensor> {
         // A bias after a linear conv with no activation is a plain broadcast add.
-        let conv = ops::causal_conv1d(&bx, &self.conv_weight, state, false)?;
-        let conv = with_bias(conv, &self.conv_bias)?;
-        with_bias(
-            self.out_proj.forward(&ops::mul(&c, &conv)?)?,
-            &self.out_bias,
-        )
+        let gated = ops::mul(c, &with_bias(conv, &self.conv_bias)?)?;
+        let y = if rows {
+            self.out_proj.forward_rows(&gated)?
+        } else {
+            self.out_proj.forward(&gated)?
+        };
+        with_bias(y, &self.out_bias)
     }
 }
 

@@ -32,6 +32,7 @@ use super::Describe;
 use super::{CausalLm, ModelInfo};
 use crate::cache::{KvCache, LayerState, ModelState};
 use crate::config::ModelConfig;
+use crate::layers::decoder::{batches_on_cpu, decode_each};
 use crate::layers::params::params;
 use crate::layers::{head, GemmaExperts, Linear, RmsNorm, Rope, Tail};
 use crate::weights::{Layout, Scope, WeightStore};
@@ -420,14 +421,19 @@ impl Gemma4 {
     }
 
     /// Each layer's `[T, width]` input from the per-layer tables and the scaled embeddings.
-    fn per_layer_inputs(&self, ids: &[u32], h: &Tensor) -> Result<Option<Vec<Tensor>>> {
+    fn per_layer_inputs(
+        &self,
+        ids: &[u32],
+        h: &Tensor,
+        seqs: &Seqs,
+    ) -> Result<Option<Vec<Tensor>>> {
         let Some(pl) = &self.per_layer else {
             return Ok(None);
         };
         let (t, l, w) = (ids.len(), self.blocks.len(), pl.width);
         let table = ops::scale(&ops::embedding(&pl.embed, ids)?, (w as f32).sqrt())?;
         let proj = ops::scale(
-            &pl.model_projection.forward(h)?,
+            &seqs.linear(&pl.model_projection, h)?,
             (self.hidden as f32).powf(-0.5),
         )?;
         let proj = pl.projection_norm.forward(&proj.reshape(&[t, l, w])?)?;
@@ -442,26 +448,88 @@ impl Gemma4 {
     }
 }
 
+/// The sequences a forward's rows belong to: `T` positions of one sequence from `start`, or
+/// one new token per sequence (a batched decode step, row `i` for `states[i]`).
+enum Seqs<'a, 'b> {
+    One {
+        start: usize,
+        state: &'a mut ModelState,
+    },
+    Batch(&'a mut [&'b mut ModelState]),
+}
+
+impl Seqs<'_, '_> {
+    /// `l` applied to `x`: for a batch each row as its own sequence (`Linear::forward_rows`,
+    /// the bits of that row alone).
+    fn linear(&self, l: &Linear, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Seqs::One { .. } => l.forward(x),
+            Seqs::Batch(_) => l.forward_rows(x),
+        }
+    }
+}
+
 impl Attention {
-    /// Appends this step's K/V to `cache` (unless the layer is KV-shared, when `cache` is the
-    /// source layer's, already holding them) and attends over it.
-    fn forward(&self, x: &Tensor, start: usize, cache: &mut KvCache) -> Result<Tensor> {
-        let t = x.dim(0);
+    /// Appends this step's K/V to each sequence's cache of layer `source` (unless the layer
+    /// is KV-shared, when that is the source layer's cache, already holding them) and attends
+    /// over it.
+    fn forward(&self, x: &Tensor, source: usize, seqs: &mut Seqs) -> Result<Tensor> {
+        let q = seqs.linear(&self.q_proj, x)?;
+        let kv = match &self.kv {
+            Some(kv) => {
+                let k = seqs.linear(&kv.k_proj, x)?;
+                let v = match &kv.v_proj {
+                    Some(v) => seqs.linear(v, x)?,
+                    None => k.clone(),
+                };
+                Some((kv, k, v))
+            }
+            None => None,
+        };
+        let o = match seqs {
+            Seqs::One { start, state } => {
+                let kv = kv.as_ref().map(|(p, k, v)| (*p, k.clone(), v.clone()));
+                self.attend(q, kv, *start, state.layers[source].kv_mut()?)?
+            }
+            Seqs::Batch(states) => {
+                let outs = states
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, st)| {
+                        let row = |t: &Tensor| t.narrow0(i, 1);
+                        let kv = match &kv {
+                            Some((p, k, v)) => Some((*p, row(k)?, row(v)?)),
+                            None => None,
+                        };
+                        let start = st.pos;
+                        self.attend(row(&q)?, kv, start, st.layers[source].kv_mut()?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat0(&outs.iter().collect::<Vec<_>>())?
+            }
+        };
+        seqs.linear(&self.o_proj, &o)
+    }
+
+    /// One sequence's positions `start..`: q `[T, heads·D]` and, unless KV-shared, the raw K
+    /// and V projections; returns the attention output `[T, heads·D]` before `o_proj`.
+    fn attend(
+        &self,
+        q: Tensor,
+        kv: Option<(&KvProj, Tensor, Tensor)>,
+        start: usize,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let t = q.dim(0);
         let positions: Vec<usize> = (start..start + t).collect();
-        let q = self
-            .q_proj
-            .forward(x)?
-            .reshape(&[t, self.heads, self.head_dim])?;
+        let q = q.reshape(&[t, self.heads, self.head_dim])?;
         let q = self.rope.forward(&self.q_norm.forward(&q)?, &positions)?;
-        if let Some(kv) = &self.kv {
+        if let Some((p, k, v)) = kv {
             let shape = [t, self.kv_heads, self.head_dim];
-            let k_raw = kv.k_proj.forward(x)?.reshape(&shape)?;
-            let v = match &kv.v_proj {
-                Some(v) => v.forward(x)?.reshape(&shape)?,
-                None => k_raw.clone(),
-            };
-            let k = self.rope.forward(&kv.k_norm.forward(&k_raw)?, &positions)?;
-            let v = ops::rms_norm(&v, None, self.eps)?;
+            let k = self
+                .rope
+                .forward(&p.k_norm.forward(&k.reshape(&shape)?)?, &positions)?;
+            let v = ops::rms_norm(&v.reshape(&shape)?, None, self.eps)?;
             cache.append(&k, &v)?;
         }
         let p = AttnParams {
@@ -471,10 +539,80 @@ impl Attention {
             window: self.window,
             softcap: None,
         };
-        let o = cache
+        Ok(cache
             .attend(&q, start, p)?
-            .reshape(&[t, self.heads * self.head_dim])?;
-        self.o_proj.forward(&o)
+            .reshape(&[t, self.heads * self.head_dim])?)
+    }
+}
+
+impl Block {
+    /// Layer `i` over `x` (`per_layer`: its per-layer input rows).
+    fn forward(&self, x: &Tensor, per_layer: Option<&Tensor>, seqs: &mut Seqs) -> Result<Tensor> {
+        let h = self
+            .attn
+            .forward(&self.input_norm.forward(x)?, self.kv_source, seqs)?;
+        let mut x = ops::add(x, &self.post_attn_norm.forward(&h)?)?;
+        let m = self.pre_ffn_norm.forward(&x)?;
+        let g = ops::gelu_tanh(&seqs.linear(&self.gate_proj, &m)?)?;
+        let h = seqs.linear(
+            &self.down_proj,
+            &ops::mul(&g, &seqs.linear(&self.up_proj, &m)?)?,
+        )?;
+        let h = match (&self.moe, &seqs) {
+            (None, _) => h,
+            (Some(moe), Seqs::One { .. }) => moe.forward(&x, &h)?,
+            // Row by row: rows sharing an expert would otherwise meet in one larger expert
+            // matmul, which rounds differently.
+            (Some(moe), Seqs::Batch(_)) => {
+                let rows = (0..x.dim(0))
+                    .map(|i| moe.forward(&x.narrow0(i, 1)?, &h.narrow0(i, 1)?))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat0(&rows.iter().collect::<Vec<_>>())?
+            }
+        };
+        x = ops::add(&x, &self.post_ffn_norm.forward(&h)?)?;
+        if let (Some(g), Some(input)) = (&self.per_layer, per_layer) {
+            let gate = ops::gelu_tanh(&seqs.linear(&g.input_gate, &x)?)?;
+            let gate = seqs.linear(&g.projection, &ops::mul(&gate, input)?)?;
+            x = ops::add(&x, &g.post_norm.forward(&gate)?)?;
+        }
+        if let Some(s) = self.layer_scalar {
+            x = ops::scale(&x, s)?;
+        }
+        Ok(x)
+    }
+}
+
+impl Gemma4 {
+    /// The layers over `ids`' embeddings, then the soft-capped logits of the last row, or of
+    /// every row when `all_rows` (a batch's rows are all wanted).
+    fn run(&self, ids: &[u32], mut seqs: Seqs, all_rows: bool) -> Result<Tensor> {
+        let mut x = ops::scale(
+            &ops::embedding(&self.embed, ids)?,
+            (self.hidden as f32).sqrt(),
+        )?;
+        let per_layer = self.per_layer_inputs(ids, &x, &seqs)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            x = b.forward(&x, per_layer.as_ref().map(|p| &p[i]), &mut seqs)?;
+        }
+        let tail = Tail {
+            softcap: self.softcap,
+            ..Default::default()
+        };
+        match seqs {
+            Seqs::One { state, .. } => {
+                state.pos += ids.len();
+                state.settle()?;
+                head::logits(&x, &self.norm, &self.embed, all_rows, tail)
+            }
+            Seqs::Batch(states) => {
+                for s in states.iter_mut() {
+                    s.pos += 1;
+                    s.settle()?;
+                }
+                head::logits_rows(&x, &self.norm, &self.embed, tail)
+            }
+        }
     }
 }
 
@@ -505,40 +643,15 @@ impl CausalLm for Gemma4 {
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
         let start = state.pos;
-        let mut x = ops::scale(
-            &ops::embedding(&self.embed, ids)?,
-            (self.hidden as f32).sqrt(),
-        )?;
-        let per_layer = self.per_layer_inputs(ids, &x)?;
-        for (i, b) in self.blocks.iter().enumerate() {
-            let cache = state.layers[b.kv_source].kv_mut()?;
-            let h = b.attn.forward(&b.input_norm.forward(&x)?, start, cache)?;
-            x = ops::add(&x, &b.post_attn_norm.forward(&h)?)?;
-            let m = b.pre_ffn_norm.forward(&x)?;
-            let g = ops::gelu_tanh(&b.gate_proj.forward(&m)?)?;
-            let h = b
-                .down_proj
-                .forward(&ops::mul(&g, &b.up_proj.forward(&m)?)?)?;
-            let h = match &b.moe {
-                Some(moe) => moe.forward(&x, &h)?,
-                None => h,
-            };
-            x = ops::add(&x, &b.post_ffn_norm.forward(&h)?)?;
-            if let (Some(g), Some(inputs)) = (&b.per_layer, &per_layer) {
-                let gate = ops::gelu_tanh(&g.input_gate.forward(&x)?)?;
-                let gate = g.projection.forward(&ops::mul(&gate, &inputs[i])?)?;
-                x = ops::add(&x, &g.post_norm.forward(&gate)?)?;
-            }
-            if let Some(s) = b.layer_scalar {
-                x = ops::scale(&x, s)?;
-            }
+        self.run(ids, Seqs::One { start, state }, all_logits)
+    }
+
+    /// The dense projections and MLPs read each weight once for all rows; attention and the
+    /// experts run per sequence. Row `i` equals `forward` of `ids[i]` alone.
+    fn decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
+        if !batches_on_cpu(self.device(), ids, states, self.blocks.len()) {
+            return decode_each(ids, states, |id, s| self.forward(&[id], s, false));
         }
-        state.pos += ids.len();
-        state.settle()?;
-        let tail = Tail {
-            softcap: self.softcap,
-            ..Default::default()
-        };
-        head::logits(&x, &self.norm, &self.embed, all_logits, tail)
+        self.run(ids, Seqs::Batch(states), true)
     }
 }

@@ -1,9 +1,9 @@
 //! Batches (issue 12): eight different requests (lengths, budgets, greedy and sampled) run as
 //! one continuous batch give each request exactly what it gets alone — tokens and log-probs —
-//! for the families that decode rows together (the Llama family: qwen3, llama, minicpm; and
-//! Qwen3.5 dense and MoE) and for one that runs the batch a sequence at a time (Gemma 4), with
-//! flat and paged KV, with a batch smaller than the request count (so sequences leave and join
-//! midway) and one that holds all.
+//! for every family (each decodes its rows together: the Llama family, Qwen3.5 dense and MoE,
+//! LFM2's short convs, Gemma 4's shared KV and per-layer inputs), with flat and paged KV, with
+//! a batch smaller than the request count (so sequences leave and join midway) and one that
+//! holds all.
 
 use engine::generate::{self, BatchOptions, GenerateRequest, PagedKv};
 use engine::{Pipeline, RequestOptions};
@@ -52,6 +52,9 @@ fn a_batch_of_eight_equals_eight_single_runs() {
         "qwen3_5:tiny:bf16:hf",
         "qwen3_5_moe:tiny:q4:mlx",
         "gemma4:tiny:f32:hf",
+        "gemma4_moe:tiny:bf16:hf",
+        "lfm2:tiny:bf16:hf",
+        "lfm2_moe:tiny:q4:mlx",
     ] {
         let p = load(spec);
         for paged in [false, true] {
