@@ -124,6 +124,23 @@ impl Backend {
         }
     }
 
+    /// The arithmetic a run of a model whose weight matrices are stored as `formats`
+    /// ([`crate::ModelInfo::weight_formats`]) gets when it names none. On the CPU: `fast`
+    /// where every matrix is bf16 (bf16 activations into bf16 dot products: prefill about
+    /// 1.7× and decode at least as fast as `exact`, log-probs within 0.15 nats top-1 of an f32
+    /// reference on real checkpoints, measured up to 0.081 on SmolLM2-135M of which the bf16
+    /// weights alone make 0.054); `exact` for f32 weights (nothing to gain) and quantized ones
+    /// (4-bit `fast` drifts by up to a nat on SmolLM2-135M; 8-bit `fast` is not faster).
+    /// Elsewhere [`Backend::default_numerics`].
+    pub fn default_numerics_for(self, formats: &[String]) -> Numerics {
+        match self {
+            Backend::Cpu if !formats.is_empty() && formats.iter().all(|f| f == "bf16") => {
+                Numerics::Fast
+            }
+            _ => self.default_numerics(),
+        }
+    }
+
     /// The numerics that decide how a model's weights are kept on this backend: MLX keeps them
     /// in their stored dtype for `fast` and in f32 for `exact`; the CPU and CUDA keep one form
     /// for both. Callers that cache loaded models key them by this.

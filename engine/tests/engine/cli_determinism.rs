@@ -85,3 +85,56 @@ fn cli_isa_cap_gives_the_same_output_and_refuses_unknown_levels() {
     }
     assert_eq!(v, native, "--isa avx2 vs native");
 }
+
+/// With no `--numerics`, bf16 weights run `fast` on the CPU and f32 or quantized ones `exact`:
+/// the default's output is that of the named mode, and the JSON says which ran.
+#[test]
+fn default_numerics_follow_the_weight_format() {
+    let generate = |fmt: &str, numerics: Option<&str>| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/mlx-written/qwen3-{fmt}"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine"));
+        cmd.args(["generate", "--model", dir.to_str().unwrap()]);
+        cmd.args(["--prompt", "Once upon a time, far away"]);
+        cmd.args([
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--json",
+            "--top-logprobs",
+            "3",
+        ]);
+        if let Some(n) = numerics {
+            cmd.args(["--numerics", n]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for timing in ["ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+            v.as_object_mut().unwrap().remove(timing);
+        }
+        v
+    };
+    for (fmt, want) in [
+        ("bf16", "fast"),
+        ("f32", "exact"),
+        ("q4", "exact"),
+        ("q8", "exact"),
+    ] {
+        let default = generate(fmt, None);
+        assert_eq!(default["numerics"], want, "{fmt}");
+        assert_eq!(
+            default,
+            generate(fmt, Some(want)),
+            "{fmt}: default vs --numerics {want}"
+        );
+    }
+    // The two modes do differ on bf16 weights (the comparison above can fail).
+    let exact = generate("bf16", Some("exact"));
+    let fast = generate("bf16", Some("fast"));
+    assert_ne!(exact["top_logprobs"], fast["top_logprobs"]);
+}

@@ -42,14 +42,30 @@ pub unsafe fn rows(
 ) {
     let m = x.rows();
     debug_assert!(m <= DECODE_MAX_M);
+    // SAFETY: forwarded from the caller.
+    unsafe { by_rows!(m, rows_m(x, w, k, n, r0, r1, isa, dst)) }
+}
+
+/// [`rows`] for `M` input rows: the row count is dispatched once per call, not per weight row
+/// (with `k` of about a thousand a weight row is only 16 blocks, so per-row set-up showed).
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_m<const M: usize>(
+    x: &Bf16Input,
+    w: &[bf16],
+    k: usize,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    isa: Isa,
+    dst: OutPtr,
+) {
     let blocks = k / 2 / LANES;
     for r in r0..r1 {
         let row = &w[r * k..(r + 1) * k];
-        let mut lanes = [[0.0f32; LANES]; DECODE_MAX_M];
-        let lanes = &mut lanes[..m];
+        let mut lanes = [[0.0f32; LANES]; M];
         // SAFETY: forwarded; `blocks` whole blocks of 64 columns lie inside the row and inside
         // every input row's pairs.
-        let done = unsafe { vector_blocks(isa, x, row, blocks, lanes) };
+        let done = unsafe { vector_blocks::<M>(isa, x, row, blocks, &mut lanes) };
         for (i, lane) in lanes.iter_mut().enumerate() {
             pairs_in_software(x.row(i), row, done, lane);
             // SAFETY: (i, r) is inside the m x n output and column r is the caller's alone.
@@ -61,25 +77,24 @@ pub unsafe fn rows(
 /// Runs the first `blocks` blocks of the row in vector code where the CPU has it; returns the
 /// number of pairs done (0 when there is no vector kernel).
 #[allow(unused_variables)]
-unsafe fn vector_blocks(
+unsafe fn vector_blocks<const M: usize>(
     isa: Isa,
     x: &Bf16Input,
     row: &[bf16],
     blocks: usize,
-    lanes: &mut [[f32; LANES]],
+    lanes: &mut [[f32; LANES]; M],
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
         use x86::{blocks_avx2, blocks_avx512bf16};
-        let m = lanes.len();
         if isa.bf16 {
             // SAFETY: forwarded from the caller.
-            unsafe { by_rows!(m, blocks_avx512bf16(x, row, blocks, lanes)) };
+            unsafe { blocks_avx512bf16::<M>(x, row, blocks, lanes) };
             return blocks * LANES;
         }
         if isa.avx2 {
             // SAFETY: forwarded from the caller.
-            unsafe { by_rows!(m, blocks_avx2(x, row, blocks, lanes)) };
+            unsafe { blocks_avx2::<M>(x, row, blocks, lanes) };
             return blocks * LANES;
         }
     }
@@ -115,7 +130,7 @@ mod x86 {
         x: &Bf16Input,
         row: &[bf16],
         blocks: usize,
-        lanes: &mut [[f32; LANES]],
+        lanes: &mut [[f32; LANES]; M],
     ) {
         let xp: [*const u32; M] = std::array::from_fn(|i| x.row(i).as_ptr());
         let wp = row.as_ptr();
@@ -153,7 +168,7 @@ mod x86 {
         x: &Bf16Input,
         row: &[bf16],
         blocks: usize,
-        lanes: &mut [[f32; LANES]],
+        lanes: &mut [[f32; LANES]; M],
     ) {
         let xp: [*const u32; M] = std::array::from_fn(|i| x.row(i).as_ptr());
         let wp = row.as_ptr();
