@@ -57,11 +57,14 @@ impl RecurrentState {
         }
     }
 
-    /// Whether the forward about to run is to be recorded; one that cannot be (a second
-    /// forward, tensors on a device) marks the record unusable.
-    pub fn arms_record(&mut self) -> bool {
+    /// Whether the forward about to run, whose conv inputs are `qkv`, is to be recorded; one
+    /// that cannot be (a second forward, tensors on a device) marks the record unusable.
+    pub fn arms_record(&mut self, qkv: &Tensor) -> bool {
+        let host = [qkv, &self.conv, &self.ssm]
+            .iter()
+            .all(|t| t.device() == kernels::Device::Cpu);
         match self.record {
-            Some(Record::Armed) if self.ssm.device() == kernels::Device::Cpu => true,
+            Some(Record::Armed) if host => true,
             Some(_) => {
                 self.record = Some(Record::Unusable);
                 false

@@ -270,7 +270,7 @@ impl GatedDeltaNet {
         state: &mut RecurrentState,
         path: GdnPath,
     ) -> Result<Tensor> {
-        let record = state.arms_record();
+        let record = state.arms_record(&qkv);
         let before = record.then(|| (state.conv.clone(), state.ssm.clone()));
         let mixed = ops::causal_conv1d(&qkv, &self.conv_weight, &mut state.conv, true)?;
         let [q, k, v, beta, g_log] = self.delta_inputs(&mixed, &b, &a)?;
