@@ -6,6 +6,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn run(dir: &str, threads: &str) -> serde_json::Value {
+    run_with(dir, threads, &[])
+}
+
+/// `engine generate --json` on the fixture prompt with `extra` flags, timings removed.
+fn run_with(dir: &str, threads: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_engine"))
         .env("RAYON_NUM_THREADS", threads)
         .args([
@@ -21,6 +26,7 @@ fn run(dir: &str, threads: &str) -> serde_json::Value {
             "--top-logprobs",
             "4",
         ])
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -93,31 +99,12 @@ fn default_numerics_follow_the_weight_format() {
     let generate = |fmt: &str, numerics: Option<&str>| {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join(format!("tests/fixtures/mlx-written/qwen3-{fmt}"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine"));
-        cmd.args(["generate", "--model", dir.to_str().unwrap()]);
-        cmd.args(["--prompt", "Once upon a time, far away"]);
-        cmd.args([
-            "--max-tokens",
-            "8",
-            "--ignore-eos",
-            "--json",
-            "--top-logprobs",
-            "3",
-        ]);
-        if let Some(n) = numerics {
-            cmd.args(["--numerics", n]);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        for timing in ["ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
-            v.as_object_mut().unwrap().remove(timing);
-        }
-        v
+        let flag = numerics.map(|n| ["--numerics", n]);
+        run_with(
+            dir.to_str().unwrap(),
+            "2",
+            flag.as_ref().map_or(&[], |f| &f[..]),
+        )
     };
     for (fmt, want) in [
         ("bf16", "fast"),
