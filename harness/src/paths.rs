@@ -11,7 +11,9 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use engine::cache::{KvPool, ModelState};
-use engine::generate::{self, BatchOptions, GenerateOutput, GenerateRequest, MtpOptions, PagedKv};
+use engine::generate::{
+    self, BatchOptions, ForcedDrafts, GenerateOutput, GenerateRequest, MtpOptions, PagedKv,
+};
 use engine::layers::GdnPath;
 use engine::models::CausalLm;
 use engine::Session;
@@ -19,7 +21,7 @@ use engine::{Backend, RequestOptions};
 use kernels::numerics::Numerics;
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, drafts=correct|wrong (with mtp), batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
 
 /// The block limit of the pools `kv=paged` gives states driven directly (a million positions;
 /// pools grow only as far as they are used).
@@ -38,6 +40,11 @@ pub struct PathSpec {
     /// Speculative decoding with the checkpoint's MTP head, drafting this many tokens a round
     /// (plain decoding when unset).
     pub mtp: Option<u8>,
+    /// With `mtp`: drafts forced to the plain greedy output's tokens (`correct`, every draft
+    /// kept) or away from them (`wrong`, none kept), to time full and zero acceptance on
+    /// weights whose own head rarely drafts well (synthetic ones). The plain run that gives
+    /// the reference tokens runs first and is not timed.
+    pub drafts: Option<Drafts>,
     /// Run the request inside a continuous batch of this many requests (it and companions of
     /// other lengths), as `engine generate --prompts` does.
     pub batch: Option<u8>,
@@ -47,6 +54,22 @@ pub struct PathSpec {
     /// The CPU kernels' arithmetic (`exact` when unset; `fast` quantizes decode activations
     /// for 4-bit weights, see `kernels::numerics`).
     pub numerics: Option<Numerics>,
+}
+
+/// Forced MTP drafts (see [`PathSpec::drafts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafts {
+    Correct,
+    Wrong,
+}
+
+impl fmt::Display for Drafts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Drafts::Correct => "correct",
+            Drafts::Wrong => "wrong",
+        })
+    }
 }
 
 /// How sliding-window layers keep their keys and values.
@@ -115,6 +138,16 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     _ => bail!("unknown value `{value}` for path key `mtp` in `{s}`; expected a draft depth of 1 to 4"),
                 });
             }
+            "drafts" => {
+                if spec.drafts.is_some() {
+                    bail!("path `{s}` sets `drafts` twice");
+                }
+                spec.drafts = Some(match value.trim() {
+                    "correct" => Drafts::Correct,
+                    "wrong" => Drafts::Wrong,
+                    _ => bail!("unknown value `{value}` for path key `drafts` in `{s}`; expected one of: correct, wrong"),
+                });
+            }
             "batch" => {
                 if spec.batch.is_some() {
                     bail!("path `{s}` sets `batch` twice");
@@ -154,6 +187,9 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
             }
             other => bail!("unknown path key `{other}` in `{s}`; valid paths: {VALID_PATHS}"),
         }
+    }
+    if spec.drafts.is_some() && spec.mtp.is_none() {
+        bail!("path `{s}` forces drafts without `mtp`; add e.g. `mtp=2`");
     }
     Ok(spec)
 }
@@ -199,6 +235,9 @@ impl PathSpec {
         if self.batch.is_some() && self.session_reuse {
             bail!("path {self}: `batch` and `session` do not combine");
         }
+        if self.drafts.is_some() && (self.batch.is_some() || self.session_reuse) {
+            bail!("path {self}: forced `drafts` run alone, not in a batch or a session");
+        }
         if let Some(n) = self.batch {
             // Companions: the same prompt cut to other lengths and shifted, with other
             // budgets, so sequences join and leave around `req` at different steps.
@@ -216,6 +255,21 @@ impl PathSpec {
             };
             let mut outs = generate::generate_batch(model, &reqs, opts, |_, _| {})?;
             return Ok(outs.swap_remove(0));
+        }
+        if let (Some(drafts), Some(mtp)) = (self.drafts, &req.mtp) {
+            let mut plain = req.clone();
+            plain.mtp = None;
+            let reference = generate::generate(model, &plain, |_| {})?.tokens;
+            let correct = match drafts {
+                Drafts::Correct => mtp.depth,
+                Drafts::Wrong => 0,
+            };
+            let mut forced = req.clone();
+            forced.mtp = Some(MtpOptions {
+                depth: mtp.depth,
+                forced: Some(ForcedDrafts { reference, correct }),
+            });
+            return generate::generate(model, &forced, |_| {});
         }
         if self.session_reuse {
             let mut session = Session::new(model);
@@ -260,6 +314,9 @@ impl fmt::Display for PathSpec {
         if let Some(d) = self.mtp {
             keys.push(format!("mtp={d}"));
         }
+        if let Some(d) = self.drafts {
+            keys.push(format!("drafts={d}"));
+        }
         if let Some(n) = self.batch {
             keys.push(format!("batch={n}"));
         }
@@ -302,6 +359,8 @@ mod tests {
             "backend=mlx+gdn=perstep+kv=rotating",
             "mtp=2",
             "gdn=perstep+mtp=4",
+            "mtp=2+drafts=correct",
+            "mtp=3+drafts=wrong",
             "kv=paged+batch=8",
             "gdn=chunked+session=reuse",
             "numerics=fast",
@@ -334,6 +393,8 @@ mod tests {
             ("batch=65", "batch size of 2 to 64"),
             ("session=fresh", "expected: reuse"),
             ("batch=2+batch=3", "twice"),
+            ("drafts=correct", "without `mtp`"),
+            ("mtp=2+drafts=right", "correct, wrong"),
         ] {
             let e = parse_path(bad).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");

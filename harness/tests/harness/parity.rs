@@ -59,6 +59,46 @@ fn a_path_against_itself_is_identical_with_zero_nmse() {
     assert!(report.passed());
 }
 
+/// Forced MTP drafts (the `drafts` path key): full and zero acceptance give plain decoding's
+/// tokens and logits, bit for bit, on the hybrid with its MTP head.
+#[test]
+fn forced_mtp_drafts_equal_plain_decoding() {
+    let spec = "qwen3_5:tiny:f32:hf";
+    let p = pipeline(spec);
+    let prompts = builtin_prompts(p.first().unwrap(), 3).unwrap();
+    let plain = parse_path("default").unwrap();
+    for b in ["mtp=2+drafts=correct", "mtp=3+drafts=wrong"] {
+        let b = parse_path(b).unwrap();
+        let report = run(&p, spec, &prompts, plain, b, 16, |_| {}).unwrap();
+        for r in &report.results {
+            assert_eq!(r.verdict, Verdict::Identical, "{b}, prompt {}", r.index);
+        }
+    }
+    // The drafts really are forced: every one kept, or none.
+    let direct = Pipeline::load(&synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap()).unwrap();
+    for (b, all) in [
+        ("mtp=2+drafts=correct", true),
+        ("mtp=2+drafts=wrong", false),
+    ] {
+        let b = parse_path(b).unwrap();
+        let mut opts = engine::RequestOptions {
+            max_tokens: Some(16),
+            temperature: Some(0.0),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        b.apply(&mut opts);
+        let req = direct.request(prompts[0].clone(), &opts);
+        let m = b
+            .generate(direct.model.as_ref(), &req)
+            .unwrap()
+            .mtp
+            .unwrap();
+        let want = if all { m.drafted } else { 0 };
+        assert!(m.drafted > 0 && m.accepted == want, "{b}: {m:?}");
+    }
+}
+
 #[test]
 fn perstep_and_chunked_gdn_do_not_diverge_early() {
     perstep_vs_chunked("qwen3_5:tiny");
