@@ -5,7 +5,6 @@
 /// `$f::<M>(args…)` for the const `M` equal to the run-time row count `$m` (at most
 /// `matmul::DECODE_MAX_M`): a const count keeps the accumulators in registers. With
 /// `$f[G…](args…)` the generic arguments `G…` follow `M` (`$f::<M, G…>`).
-#[cfg(target_arch = "x86_64")]
 macro_rules! by_rows {
     ($m:expr, $f:ident($($a:expr),*)) => {
         by_rows!($m, $f[]($($a),*))

@@ -118,7 +118,8 @@ pub(crate) struct Affine<'a, const BITS: usize> {
 
 /// 4-bit affine storage (8 codes per word).
 pub(crate) type Affine4<'a> = Affine<'a, 4>;
-/// 8-bit affine storage (4 codes per word).
+/// 8-bit affine storage (4 codes per word); only x86's fused kernel reads it whole.
+#[cfg(target_arch = "x86_64")]
 pub(crate) type Affine8<'a> = Affine<'a, 8>;
 
 /// A weight matrix `[rows, cols]` ready to be decoded row by row into f32.
@@ -247,6 +248,7 @@ impl<'a> WeightRows<'a> {
     }
 
     /// The parts of an 8-bit affine weight, likewise.
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn affine8(&self) -> Option<Affine8<'a>> {
         self.affine::<8>()
     }
