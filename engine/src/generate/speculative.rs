@@ -8,10 +8,11 @@
 //! the tokens follow the main model's distribution exactly.
 //!
 //! When a draft is rejected the main state returns to the last kept position without running
-//! anything again: verification records each Gated DeltaNet layer's state after every
-//! position (`ModelState::record_steps`), KV caches are trimmed. Where a layer cannot record
-//! (tensors on a device) the state rolls back to `x` and the kept tokens are replayed. The
-//! head keeps its own KV caches, trimmed the same way after its chained drafts.
+//! the model again: verification records what each Gated DeltaNet layer was fed
+//! (`ModelState::record_steps`), `keep_recorded` rebuilds those layers' states at the kept
+//! position from it (the delta rule alone, no matmuls) and trims the KV caches. Where a layer
+//! cannot record (tensors on a device) the state rolls back to `x` and the kept tokens are
+//! replayed. The head keeps its own KV caches, trimmed the same way after its chained drafts.
 //!
 //! How deep to draft follows the acceptance seen so far ([`Pace`]): fewer drafts when they
 //! are rejected, plain decoding (the head only keeping its cache in step) when even one
