@@ -448,13 +448,11 @@ impl Gemma4 {
     }
 }
 
-/// The sequences a forward's rows belong to: `T` positions of one sequence from `start`, or
-/// one new token per sequence (a batched decode step, row `i` for `states[i]`).
+/// The sequences a forward's rows belong to: `T` positions of one sequence from its `pos`, or
+/// one new token per sequence (a batched decode step, row `i` for `states[i]`). Positions
+/// advance only when the forward ends.
 enum Seqs<'a, 'b> {
-    One {
-        start: usize,
-        state: &'a mut ModelState,
-    },
+    One(&'a mut ModelState),
     Batch(&'a mut [&'b mut ModelState]),
 }
 
@@ -463,7 +461,7 @@ impl Seqs<'_, '_> {
     /// the bits of that row alone).
     fn linear(&self, l: &Linear, x: &Tensor) -> Result<Tensor> {
         match self {
-            Seqs::One { .. } => l.forward(x),
+            Seqs::One(_) => l.forward(x),
             Seqs::Batch(_) => l.forward_rows(x),
         }
     }
@@ -487,9 +485,9 @@ impl Attention {
             None => None,
         };
         let o = match seqs {
-            Seqs::One { start, state } => {
-                let kv = kv.as_ref().map(|(p, k, v)| (*p, k.clone(), v.clone()));
-                self.attend(q, kv, *start, state.layers[source].kv_mut()?)?
+            Seqs::One(state) => {
+                let start = state.pos;
+                self.attend(q, kv, start, state.layers[source].kv_mut()?)?
             }
             Seqs::Batch(states) => {
                 let outs = states
@@ -560,7 +558,7 @@ impl Block {
         )?;
         let h = match (&self.moe, &seqs) {
             (None, _) => h,
-            (Some(moe), Seqs::One { .. }) => moe.forward(&x, &h)?,
+            (Some(moe), Seqs::One(_)) => moe.forward(&x, &h)?,
             // Row by row: rows sharing an expert would otherwise meet in one larger expert
             // matmul, which rounds differently.
             (Some(moe), Seqs::Batch(_)) => {
@@ -600,7 +598,7 @@ impl Gemma4 {
             ..Default::default()
         };
         match seqs {
-            Seqs::One { state, .. } => {
+            Seqs::One(state) => {
                 state.pos += ids.len();
                 state.settle()?;
                 head::logits(&x, &self.norm, &self.embed, all_rows, tail)
@@ -642,8 +640,7 @@ impl CausalLm for Gemma4 {
 
     fn forward(&self, ids: &[u32], state: &mut ModelState, all_logits: bool) -> Result<Tensor> {
         ensure!(!ids.is_empty(), "forward needs at least one token");
-        let start = state.pos;
-        self.run(ids, Seqs::One { start, state }, all_logits)
+        self.run(ids, Seqs::One(state), all_logits)
     }
 
     /// The dense projections and MLPs read each weight once for all rows; attention and the
