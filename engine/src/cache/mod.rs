@@ -253,6 +253,19 @@ impl ModelState {
         Ok(true)
     }
 
+    /// Bytes one more position adds to the KV caches (K and V of every attention layer,
+    /// sliding-window layers counted as if they kept every position): what admission control
+    /// reserves per token of a sequence.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(c) => 2 * c.k.dim(0) * c.k.dim(2) * std::mem::size_of::<f32>(),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Bytes held by the KV caches (recurrent and conv states not counted).
     pub fn kv_bytes(&self) -> usize {
         self.layers

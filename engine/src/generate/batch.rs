@@ -12,14 +12,11 @@
 //! what the running ones may still claim, so the batch never runs out of blocks midway.
 
 use std::collections::VecDeque;
-use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kernels::Tensor;
 
-use super::{finished, prefill, state_in, validate, Decoding};
-use super::{FinishReason, GenerateOutput, GenerateRequest};
-use crate::cache::{KvPool, ModelState};
+use super::scheduler::{Room, Scheduler, SchedulerOptions, Update};
+use super::{validate, GenerateOutput, GenerateRequest};
 use crate::models::CausalLm;
 
 /// How a batch runs.
@@ -29,24 +26,10 @@ pub struct BatchOptions {
     pub max_batch: usize,
 }
 
-/// One running sequence.
-struct Running {
-    /// Which request.
-    index: usize,
-    state: ModelState,
-    decoding: Decoding,
-    /// The logits its next token comes from.
-    logits: Tensor,
-    ttft: f64,
-    decode_start: Instant,
-    /// Pool blocks reserved for it (paged KV).
-    reserved: usize,
-}
-
 /// Pool blocks a request may need per layer: its prompt and whole budget.
-fn blocks_needed(req: &GenerateRequest, budget: usize) -> usize {
+fn blocks_needed(model: &dyn CausalLm, req: &GenerateRequest) -> usize {
     req.paged_kv.map_or(0, |p| {
-        (req.prompt_ids.len() + budget).div_ceil(p.block_size.max(1))
+        (req.prompt_ids.len() + super::token_budget(model, req)).div_ceil(p.block_size.max(1))
     })
 }
 
@@ -62,9 +45,6 @@ pub fn generate_batch(
     let Some(first) = reqs.first() else {
         return Ok(Vec::new());
     };
-    if opts.max_batch == 0 {
-        bail!("a batch must run at least one sequence at a time");
-    }
     for (i, r) in reqs.iter().enumerate() {
         validate(model, r).map_err(|e| e.context(format!("request {}", i + 1)))?;
         if r.mtp.is_some() {
@@ -82,109 +62,50 @@ pub fn generate_batch(
             );
         }
     }
-    let budget = |r: &GenerateRequest| super::token_budget(model, r);
-    // One pool for the whole batch, sized for the largest request unless given.
-    let pool = match first.paged_kv {
-        Some(p) => {
-            let largest = reqs
-                .iter()
-                .map(|r| blocks_needed(r, budget(r)))
-                .max()
-                .unwrap_or(0);
-            let blocks = p.blocks.unwrap_or_else(|| {
-                reqs.iter()
-                    .map(|r| blocks_needed(r, budget(r)))
-                    .sum::<usize>()
-                    .max(1)
-            });
-            if largest > blocks {
-                bail!(
-                    "a request needs {largest} KV blocks of {} positions per layer but the pool holds {blocks} (--kv-blocks)",
-                    p.block_size
-                );
-            }
-            Some((
-                KvPool::for_state(&model.new_state(), p.block_size, blocks)?,
-                blocks,
-            ))
+    let mut sched = Scheduler::new(
+        model,
+        SchedulerOptions {
+            max_batch: opts.max_batch,
+            prefix_cache: 0,
+            kv_budget: None,
+        },
+    )?;
+    // One pool for the whole batch, sized for all requests at once unless given.
+    if let Some(p) = first.paged_kv {
+        let needs = reqs.iter().map(|r| blocks_needed(model, r));
+        let largest = needs.clone().max().unwrap_or(0);
+        let blocks = p.blocks.unwrap_or_else(|| needs.sum::<usize>().max(1));
+        if largest > blocks {
+            bail!(
+                "a request needs {largest} KV blocks of {} positions per layer but the pool holds {blocks} (--kv-blocks)",
+                p.block_size
+            );
         }
-        None => None,
-    };
-    let start = Instant::now();
+        sched = sched.with_pool(p.block_size, blocks)?;
+    }
     let mut waiting: VecDeque<usize> = (0..reqs.len()).collect();
-    let mut running: Vec<Running> = Vec::new();
     let mut outputs: Vec<Option<GenerateOutput>> = vec![None; reqs.len()];
-    let mut reserved = 0;
-    while !waiting.is_empty() || !running.is_empty() {
+    while !waiting.is_empty() || sched.running() > 0 {
         // Join: while there is room in the batch and in the pool.
         while let Some(&i) = waiting.front() {
-            let req = &reqs[i];
-            let need = blocks_needed(req, budget(req));
-            let fits = pool
-                .as_ref()
-                .is_none_or(|(_, blocks)| reserved + need <= *blocks);
-            if running.len() >= opts.max_batch || !fits {
-                break;
+            match sched.room_for(&reqs[i]) {
+                Room::Now => {}
+                Room::Later if sched.running() > 0 => break,
+                _ => bail!("request {}: does not fit the KV pool", i + 1),
             }
             waiting.pop_front();
-            let mut state = state_in(model, req, pool.as_ref().map(|(p, _)| p))?;
-            let logits = prefill(model, &req.prompt_ids, &mut state, req.prefill_step)?;
-            reserved += need;
-            running.push(Running {
-                index: i,
-                state,
-                decoding: Decoding::new(req, budget(req)),
-                logits,
-                ttft: start.elapsed().as_secs_f64(),
-                decode_start: Instant::now(),
-                reserved: need,
-            });
+            sched.join(i as u64, reqs[i].clone())?;
         }
-        // Sample every running sequence's next token; finished ones leave.
-        let mut next = Vec::with_capacity(running.len());
-        let mut r = 0;
-        while r < running.len() {
-            let seq = &mut running[r];
-            let req = &reqs[seq.index];
-            let done = match seq.decoding.next(model, req, &seq.logits, seq.state.pos)? {
-                Ok(tok) => {
-                    on_token(seq.index, tok);
-                    if seq.decoding.tokens.len() == seq.decoding.budget {
-                        Some(FinishReason::Length)
-                    } else {
-                        next.push(tok);
-                        None
-                    }
-                }
-                Err(reason) => Some(reason),
-            };
-            match done {
-                Some(reason) => {
-                    let seq = running.remove(r);
-                    reserved -= seq.reserved;
-                    let decode_secs = seq.decode_start.elapsed().as_secs_f64();
-                    outputs[seq.index] = Some(finished(
-                        req,
-                        seq.decoding.tokens,
-                        reason,
-                        (seq.ttft, decode_secs),
-                        seq.state.kv_bytes(),
-                        seq.decoding.top,
-                        None,
-                    ));
-                }
-                None => r += 1,
+        let mut failed = None;
+        sched.step(|id, update| match update {
+            Update::Token(tok) => on_token(id as usize, tok),
+            Update::Finished(f) => outputs[id as usize] = Some(f.output),
+            Update::Failed(e) => {
+                failed.get_or_insert(e.context(format!("request {}", id + 1)));
             }
-        }
-        if running.is_empty() {
-            continue;
-        }
-        let mut states: Vec<&mut ModelState> = running.iter_mut().map(|s| &mut s.state).collect();
-        let logits = kernels::run(model.device(), first.kernels, || {
-            model.decode_batch(&next, &mut states)
-        })?;
-        for (i, seq) in running.iter_mut().enumerate() {
-            seq.logits = logits.narrow0(i, 1)?;
+        });
+        if let Some(e) = failed {
+            return Err(e);
         }
     }
     Ok(outputs

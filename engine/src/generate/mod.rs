@@ -2,8 +2,10 @@
 //! pieces when asked), then decodes until a stop token or the token budget.
 
 pub mod batch;
+pub mod prefix;
 pub mod rng;
 pub mod sampler;
+pub mod scheduler;
 pub mod speculative;
 
 use std::time::Instant;

@@ -23,5 +23,6 @@ mod qwen3_5_moe;
 mod qwen3_5_paths;
 mod qwen3_determinism;
 mod sampling;
+mod scheduler;
 mod session;
 mod weights_walk;

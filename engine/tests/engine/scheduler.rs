@@ -1,0 +1,175 @@
+//! The scheduler under `engine serve`: requests that join a running batch at token boundaries
+//! and resume from cached prefixes get exactly what they get alone; cancellation frees the
+//! room a sequence held; the KV budget refuses what can never fit and defers what does not
+//! fit yet.
+
+use engine::generate::scheduler::{Room, Scheduler, SchedulerOptions, Update};
+use engine::generate::{self, GenerateOutput, GenerateRequest};
+use engine::{Pipeline, RequestOptions};
+use synth::cached as synth_cached;
+use synth::SynthSpec;
+
+fn load(spec: &str) -> Pipeline {
+    Pipeline::load(&synth_cached(&SynthSpec::parse(spec).unwrap()).unwrap()).unwrap()
+}
+
+fn request(p: &Pipeline, ids: Vec<u32>, max_tokens: usize, temperature: f32) -> GenerateRequest {
+    let opts = RequestOptions {
+        max_tokens: Some(max_tokens),
+        temperature: Some(temperature),
+        seed: Some(ids.len() as u64),
+        top_logprobs: 2,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    p.request(ids, &opts)
+}
+
+/// Runs `sched` until it is idle, collecting each sequence's finished output.
+fn drain(sched: &mut Scheduler, outs: &mut [Option<(GenerateOutput, usize)>]) {
+    while sched.running() > 0 {
+        sched.step(|id, u| match u {
+            Update::Token(_) => {}
+            Update::Finished(f) => {
+                outs[id as usize] = Some((f.output, f.cached_prompt_tokens));
+            }
+            Update::Failed(e) => panic!("sequence {id} failed: {e:#}"),
+        });
+    }
+}
+
+#[test]
+fn cached_prefixes_and_late_joins_give_what_requests_get_alone() {
+    // Attention-only (trims to any common prefix) and hybrid (resumes only where the state
+    // can return: an extension of what it saw, or its prompt boundary).
+    for spec in [
+        "qwen3:tiny:bf16:hf",
+        "qwen3_5:tiny:f32:hf",
+        "lfm2:tiny:bf16:hf",
+    ] {
+        let p = load(spec);
+        let vocab = p.tokenizer.vocab_size() as u32 - 8;
+        let system: Vec<u32> = (0..24).map(|j| (j * 7919 + 13) % vocab).collect();
+        let with = |tail: &[u32]| [system.as_slice(), tail].concat();
+        let first = request(&p, with(&[5, 6, 7]), 6, 0.0);
+        // After `first` finishes: its whole conversation plus a new turn (an extension of
+        // every position its state saw), the same system prompt with another question (a
+        // common prefix only), and an unrelated prompt.
+        let mut turn2 = first.prompt_ids.clone();
+        let alone_first = generate::generate(p.model.as_ref(), &first, |_| {}).unwrap();
+        turn2.extend(&alone_first.tokens);
+        turn2.extend([9, 10]);
+        let reqs = vec![
+            first.clone(),
+            request(&p, turn2, 5, 0.0),
+            request(&p, with(&[40, 41]), 5, 0.7),
+            request(&p, (100..120).collect(), 4, 0.0),
+        ];
+        let alone: Vec<_> = reqs
+            .iter()
+            .map(|r| generate::generate(p.model.as_ref(), r, |_| {}).unwrap())
+            .collect();
+        let opts = SchedulerOptions {
+            max_batch: 4,
+            prefix_cache: 4,
+            kv_budget: None,
+        };
+        let mut sched = Scheduler::new(p.model.as_ref(), opts).unwrap();
+        let mut outs = vec![None; reqs.len()];
+        sched.join(0, reqs[0].clone()).unwrap();
+        drain(&mut sched, &mut outs);
+        assert_eq!(sched.cached_prefixes(), 1, "{spec}");
+        // The other three join one token boundary apart.
+        for (i, r) in reqs.iter().enumerate().skip(1) {
+            assert_eq!(sched.room_for(r), Room::Now);
+            sched.join(i as u64, r.clone()).unwrap();
+            sched.step(|id, u| {
+                if let Update::Finished(f) = u {
+                    outs[id as usize] = Some((f.output, f.cached_prompt_tokens));
+                }
+            });
+        }
+        drain(&mut sched, &mut outs);
+        for (i, want) in alone.iter().enumerate() {
+            let (got, cached) = outs[i].as_ref().unwrap();
+            assert_eq!(got.tokens, want.tokens, "{spec} request {i}: tokens");
+            let (got_lp, want_lp) = (got.top_logprobs.as_ref(), want.top_logprobs.as_ref());
+            if *cached == 0 {
+                assert_eq!(got_lp, want_lp, "{spec} request {i}: log-probs");
+                continue;
+            }
+            // A resumed prompt is prefilled in two forwards (the cached part, then the rest),
+            // whose matrix products round in another order than one forward's: the values
+            // agree to float rounding, not bit for bit.
+            for (g, w) in got_lp
+                .unwrap()
+                .iter()
+                .flatten()
+                .zip(want_lp.unwrap().iter().flatten())
+            {
+                assert_eq!(g.0, w.0, "{spec} request {i}: top tokens");
+                assert!(
+                    (g.1 - w.1).abs() < 1e-4,
+                    "{spec} request {i}: {g:?} vs {w:?}"
+                );
+            }
+        }
+        let cached: Vec<usize> = outs.iter().map(|o| o.as_ref().unwrap().1).collect();
+        // The second turn resumes everything the first one's state saw: its prompt and all
+        // its tokens but the last (which was sampled, never fed).
+        let seen = reqs[0].prompt_ids.len() + alone[0].tokens.len() - 1;
+        assert_eq!(cached[0], 0, "{spec}");
+        assert_eq!(cached[1], seen, "{spec}: the next turn");
+        if spec.starts_with("qwen3:") {
+            assert_eq!(cached[2], system.len(), "{spec}: the shared system prompt");
+        } else {
+            assert_eq!(cached[2], 0, "{spec}: a recurrent state cannot trim");
+        }
+        assert_eq!(cached[3], 0, "{spec}: an unrelated prompt");
+    }
+}
+
+#[test]
+fn cancelling_frees_the_room_and_the_budget_defers_or_refuses() {
+    let p = load("qwen3:tiny:f32:hf");
+    let per_position = p.model.new_state().kv_bytes_per_position();
+    assert!(per_position > 0);
+    let req = request(&p, (1..30).collect(), 20, 0.0);
+    // Room for one such sequence (its caches may double): a second one waits, a request
+    // larger than the whole budget never fits.
+    let budget = per_position * 2 * (29 + 20) + per_position;
+    let opts = SchedulerOptions {
+        max_batch: 8,
+        prefix_cache: 0,
+        kv_budget: Some(budget),
+    };
+    let mut sched = Scheduler::new(p.model.as_ref(), opts).unwrap();
+    assert_eq!(sched.room_for(&req), Room::Now);
+    sched.join(7, req.clone()).unwrap();
+    assert_eq!(sched.room_for(&req), Room::Later);
+    let huge = request(&p, (1..30).collect(), 200, 0.0);
+    assert_eq!(sched.room_for(&huge), Room::Never);
+    let mut tokens = 0;
+    sched.step(|id, u| {
+        assert_eq!(id, 7);
+        assert!(matches!(u, Update::Token(_)));
+        tokens += 1;
+    });
+    assert_eq!(tokens, 1);
+    assert!(sched.cancel(7));
+    assert!(!sched.cancel(7), "a cancelled sequence is gone");
+    assert_eq!(sched.running(), 0);
+    assert_eq!(
+        sched.room_for(&req),
+        Room::Now,
+        "cancelling gave the room back"
+    );
+    // A bad request is refused at the door and leaves the batch as it was.
+    let bad = request(&p, vec![u32::MAX], 4, 0.0);
+    let err = sched.join(1, bad).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("outside the model's vocabulary"),
+        "{err:#}"
+    );
+    assert_eq!(sched.running(), 0);
+}
