@@ -49,7 +49,7 @@ pub enum Update {
     /// Its next token.
     Token(u32),
     /// It ended; it has left the batch.
-    Finished(Finished),
+    Finished(Box<Finished>),
     /// It failed (its logits diverged, or the batch's forward failed); it has left the batch.
     Failed(anyhow::Error),
 }
@@ -332,9 +332,9 @@ impl<'m> Scheduler<'m> {
                 seq.boundary,
             ));
         }
-        Update::Finished(Finished {
+        Update::Finished(Box::new(Finished {
             output,
             cached_prompt_tokens: seq.cached_prompt_tokens,
-        })
+        }))
     }
 }
