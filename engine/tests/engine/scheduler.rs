@@ -59,7 +59,7 @@ fn cached_prefixes_and_late_joins_give_what_requests_get_alone() {
         let alone_first = generate::generate(p.model.as_ref(), &first, |_| {}).unwrap();
         turn2.extend(&alone_first.tokens);
         turn2.extend([9, 10]);
-        let reqs = vec![
+        let reqs = [
             first.clone(),
             request(&p, turn2, 5, 0.0),
             request(&p, with(&[40, 41]), 5, 0.7),
