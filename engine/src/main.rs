@@ -43,6 +43,16 @@ engine chat --model DIR\n  \
 engine chat --model DIR --system \"Answer briefly.\" --temperature 0.7 --seed 1\n  \
 printf 'Hi\\nWhat did I say?\\n' | engine chat --model DIR --max-tokens 32")]
     Chat(ChatArgs),
+    /// Serve the checkpoint over HTTP with the OpenAI API: POST /v1/chat/completions and
+    /// /v1/completions (streamed as server-sent events with "stream": true), GET /v1/models,
+    /// /health and /metrics (Prometheus). Requests share one continuously batched decode and
+    /// reuse cached prompt prefixes; the request flags below are the defaults a request
+    /// overrides. SIGTERM or Ctrl-C lets the requests in flight finish, then exits.
+    #[command(after_help = "Examples:\n  \
+engine serve --model DIR\n  \
+engine serve --model DIR --port 0 --max-concurrent 16 --max-queue 256\n  \
+curl -s localhost:8080/v1/chat/completions -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 16}'")]
+    Serve(ServeArgs),
     /// Describe a checkpoint: family, parameters, weight formats, layer kinds, context length.
     Info {
         /// The checkpoint folder.
@@ -198,6 +208,78 @@ impl RunArgs {
     }
 }
 
+/// Arguments of `engine serve`.
+#[derive(Args)]
+struct ServeArgs {
+    /// The checkpoint folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoding together at most (continuous batching: requests join and leave at
+    /// token boundaries).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    max_concurrent: u32,
+    /// Requests that may wait for a place in the batch; beyond that a request gets 429.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65536))]
+    max_queue: u32,
+    /// MiB of KV cache the running requests and the prefix cache may hold. A request reserves
+    /// what its prompt and max_tokens may need (twice that with flat KV, which grows by
+    /// doubling) and waits until it fits; one that can never fit gets 400.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    kv_budget_mib: u64,
+    /// Finished requests whose caches are kept so that a new prompt starting the same way (a
+    /// shared system prompt, the next turn of a chat) prefills only the rest (flat KV only).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    prefix_cache: u32,
+    /// Largest request body, in KiB.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 20)))]
+    max_body_kib: u64,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn run_serve(mut a: ServeArgs) -> Result<()> {
+    let (p, gdn_path) = a.run.load(&a.model)?;
+    let defaults = a.run.options(gdn_path);
+    let kv_budget = (a.kv_budget_mib as usize).saturating_mul(1 << 20);
+    let paged = defaults.paged_kv.map(|pk| {
+        let per_block = p.model.new_state().kv_bytes_per_position() * pk.block_size;
+        let blocks = pk
+            .blocks
+            .unwrap_or_else(|| (kv_budget / per_block.max(1)).max(1));
+        (pk.block_size, blocks)
+    });
+    let model_id = a
+        .model
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    let opts = engine::serve::ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        max_concurrent: a.max_concurrent as usize,
+        max_queue: a.max_queue as usize,
+        kv_budget: Some(kv_budget),
+        prefix_cache: a.prefix_cache as usize,
+        paged,
+        // Each request sets its own; the server's answer is per request.
+        defaults: RequestOptions {
+            paged_kv: None,
+            ..defaults
+        },
+        model_id,
+        max_body_bytes: (a.max_body_kib as usize) << 10,
+        body_timeout: std::time::Duration::from_secs(30),
+    };
+    engine::serve::serve(p, opts)
+}
+
 /// Arguments of `engine chat`.
 #[derive(Args)]
 struct ChatArgs {
@@ -215,40 +297,31 @@ struct ChatArgs {
     run: RunArgs,
 }
 
-/// Prints generated tokens as text while they come, whole characters only (a token may end
-/// inside a multi-byte character).
+/// Prints generated tokens as text while they come, whole characters only.
 struct Streamer<'t> {
     tokenizer: &'t engine::tokenizer::Tokenizer,
-    ids: Vec<u32>,
-    shown: String,
+    text: engine::tokenizer::TextStream,
 }
 
 impl<'t> Streamer<'t> {
     fn new(tokenizer: &'t engine::tokenizer::Tokenizer) -> Streamer<'t> {
         Streamer {
             tokenizer,
-            ids: Vec::new(),
-            shown: String::new(),
+            text: engine::tokenizer::TextStream::new(),
         }
     }
 
     fn push(&mut self, tok: u32) {
-        self.ids.push(tok);
-        if let Ok(text) = self.tokenizer.decode(&self.ids, true) {
-            if !text.ends_with('\u{FFFD}') && text.starts_with(&self.shown) {
-                print!("{}", &text[self.shown.len()..]);
-                let _ = std::io::stdout().flush();
-                self.shown = text;
-            }
+        let new = self.text.push(self.tokenizer, tok);
+        if !new.is_empty() {
+            print!("{new}");
+            let _ = std::io::stdout().flush();
         }
     }
 
-    /// Prints what is left of `text` (the final decode) and ends the line.
-    fn finish(&self, text: &str) {
-        if text.starts_with(&self.shown) {
-            print!("{}", &text[self.shown.len()..]);
-        }
-        println!();
+    /// Prints what is left of the final decode and ends the line.
+    fn finish(&mut self) {
+        println!("{}", self.text.finish(self.tokenizer).unwrap_or_default());
     }
 }
 
@@ -257,6 +330,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Generate(a) => run_generate(a),
         Cmd::Chat(a) => run_chat(a),
+        Cmd::Serve(a) => run_serve(a),
         Cmd::Info { model, json } => run_info(model, json),
     };
     match result {
@@ -321,7 +395,7 @@ fn run_generate(mut a: GenerateArgs) -> Result<()> {
         v["numerics"] = opts.kernels.numerics.name().into();
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        streamer.finish(&text);
+        streamer.finish();
         eprintln!(
             "[{} prompt tokens, {} generated, finish: {:?}; numerics {}; TTFT {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s; KV cache {:.1} MiB]",
             out.prompt_ids.len(),
@@ -459,7 +533,7 @@ fn run_chat(mut a: ChatArgs) -> Result<()> {
             }
         };
         let text = p.tokenizer.decode(&turn.output.tokens, true)?;
-        streamer.finish(&text);
+        streamer.finish();
         eprintln!(
             "[{} prompt tokens, {} from the cache; {} generated; TTFT {:.1} ms, decode {:.1} tok/s]",
             req.prompt_ids.len(),

@@ -98,7 +98,7 @@ pub fn generate_batch(
         }
         let mut failed = None;
         sched.step(|id, update| match update {
-            Update::Token(tok) => on_token(id as usize, tok),
+            Update::Token { token, .. } => on_token(id as usize, token),
             Update::Finished(f) => outputs[id as usize] = Some(f.output),
             Update::Failed(e) => {
                 failed.get_or_insert(e.context(format!("request {}", id + 1)));

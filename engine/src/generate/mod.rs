@@ -142,6 +142,8 @@ pub(crate) struct Decoding {
     pub sampler: Sampler,
     pub tokens: Vec<u32>,
     pub top: Option<Vec<Vec<(u32, f32)>>>,
+    /// Each generated token's own log-prob, when `top` is recorded.
+    pub chosen: Vec<f32>,
     pub budget: usize,
 }
 
@@ -151,6 +153,7 @@ impl Decoding {
             sampler: Sampler::new(req.sampling),
             tokens: Vec::new(),
             top: (req.top_logprobs > 0).then(Vec::new),
+            chosen: Vec::new(),
             budget,
         }
     }
@@ -177,6 +180,15 @@ impl Decoding {
                 top.pop();
             }
             return Ok(Err(FinishReason::Stop));
+        }
+        if let Some(top) = &self.top {
+            // The chosen token's log-prob: in the recorded best ones, or else (a draw outside
+            // them) from the whole row.
+            let lp = match top.last().and_then(|t| t.iter().find(|e| e.0 == tok)) {
+                Some(&(_, lp)) => lp,
+                None => token_logprob(model, logits, tok)?,
+            };
+            self.chosen.push(lp);
         }
         self.tokens.push(tok);
         Ok(Ok(tok))
@@ -407,6 +419,16 @@ pub(crate) fn continue_plain(
         d.top,
         None,
     ))
+}
+
+/// The log-prob of `tok` in one logits row `[1, V]`.
+fn token_logprob(model: &dyn CausalLm, logits: &kernels::Tensor, tok: u32) -> Result<f32> {
+    let lp = ops::log_softmax(&logits.to_device(model.device())?)?;
+    let host = lp.to_device(kernels::Device::Cpu)?.to_f32()?;
+    host.f32s()?
+        .get(tok as usize)
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("token {tok} is outside the logits row"))
 }
 
 /// The best `k` `(token, log-prob)` pairs of one logits row `[1, V]`. On the model's device:

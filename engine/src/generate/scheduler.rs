@@ -46,12 +46,23 @@ pub struct SchedulerOptions {
 /// What happened to a sequence during a step.
 #[derive(Debug)]
 pub enum Update {
-    /// Its next token.
-    Token(u32),
+    /// Its next token, with its log-prob and the best alternatives when the request records
+    /// them (`top_logprobs > 0`).
+    Token {
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
     /// It ended; it has left the batch.
     Finished(Box<Finished>),
     /// It failed (its logits diverged, or the batch's forward failed); it has left the batch.
     Failed(anyhow::Error),
+}
+
+/// A generated token's log-prob and the request's `top_logprobs` best `(token, log-prob)`.
+#[derive(Debug, Clone)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// A finished sequence's output and how much of its prompt came from a cached prefix.
@@ -141,6 +152,11 @@ impl<'m> Scheduler<'m> {
         self.running.len()
     }
 
+    /// Bytes the KV caches of the running sequences hold.
+    pub fn kv_bytes(&self) -> usize {
+        self.running.iter().map(|s| s.state.kv_bytes()).sum()
+    }
+
     /// Finished states kept for prefix reuse.
     pub fn cached_prefixes(&self) -> usize {
         self.cache.len()
@@ -195,8 +211,9 @@ impl<'m> Scheduler<'m> {
 
     /// Prefills `req` (from the longest cached prefix that fits) and adds it to the batch;
     /// its first token comes with the next [`Scheduler::step`]. The caller checks
-    /// [`Scheduler::room_for`] first. An error leaves the batch as it was.
-    pub fn join(&mut self, id: SeqId, req: GenerateRequest) -> Result<()> {
+    /// [`Scheduler::room_for`] first. Returns the prompt tokens that came from a cached
+    /// prefix. An error leaves the batch as it was.
+    pub fn join(&mut self, id: SeqId, req: GenerateRequest) -> Result<usize> {
         validate(self.model, &req)?;
         if req.mtp.is_some() {
             bail!("speculative decoding (mtp) does not run in a batch");
@@ -227,7 +244,7 @@ impl<'m> Scheduler<'m> {
             decode_start: Instant::now(),
             reserved: need,
         });
-        Ok(())
+        Ok(cached)
     }
 
     /// Takes sequence `id` out of the batch (a client went away); false when it is not
@@ -255,7 +272,20 @@ impl<'m> Scheduler<'m> {
                 .next(self.model, &seq.req, &seq.logits, seq.state.pos);
             let done = match picked {
                 Ok(Ok(tok)) => {
-                    on(seq.id, Update::Token(tok));
+                    let d = &seq.decoding;
+                    let logprobs = d.top.as_ref().and_then(|top| {
+                        Some(TokenLogprobs {
+                            logprob: *d.chosen.last()?,
+                            top: top.last()?.clone(),
+                        })
+                    });
+                    on(
+                        seq.id,
+                        Update::Token {
+                            token: tok,
+                            logprobs,
+                        },
+                    );
                     if seq.decoding.tokens.len() == seq.decoding.budget {
                         Some(Ok(FinishReason::Length))
                     } else {

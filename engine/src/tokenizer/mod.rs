@@ -167,3 +167,43 @@ impl Tokenizer {
         self.dir.join("tokenizer.json")
     }
 }
+
+/// Generated tokens as text while they come: each push returns the new whole characters (a
+/// token may end inside a multi-byte character, which then waits for the next one). The
+/// pieces always join to a prefix of the decode of all tokens, so a stream ends with
+/// [`TextStream::finish`]'s remainder.
+#[derive(Debug, Default)]
+pub struct TextStream {
+    ids: Vec<u32>,
+    shown: String,
+}
+
+impl TextStream {
+    pub fn new() -> TextStream {
+        TextStream::default()
+    }
+
+    /// Adds a token; the text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &Tokenizer, tok: u32) -> String {
+        self.ids.push(tok);
+        match tokenizer.decode(&self.ids, true) {
+            Ok(text) if !text.ends_with('\u{FFFD}') && text.starts_with(&self.shown) => {
+                let new = text[self.shown.len()..].to_string();
+                self.shown = text;
+                new
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// What the final decode adds to what was shown (empty when it rewrote shown text).
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        let text = tokenizer.decode(&self.ids, true)?;
+        let rest = text
+            .strip_prefix(self.shown.as_str())
+            .unwrap_or_default()
+            .to_string();
+        self.shown = text;
+        Ok(rest)
+    }
+}

@@ -24,5 +24,6 @@ mod qwen3_5_paths;
 mod qwen3_determinism;
 mod sampling;
 mod scheduler;
+mod serve;
 mod session;
 mod weights_walk;

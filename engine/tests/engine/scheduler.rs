@@ -29,7 +29,7 @@ fn request(p: &Pipeline, ids: Vec<u32>, max_tokens: usize, temperature: f32) -> 
 fn drain(sched: &mut Scheduler, outs: &mut [Option<(GenerateOutput, usize)>]) {
     while sched.running() > 0 {
         sched.step(|id, u| match u {
-            Update::Token(_) => {}
+            Update::Token { .. } => {}
             Update::Finished(f) => {
                 outs[id as usize] = Some((f.output, f.cached_prompt_tokens));
             }
@@ -152,7 +152,7 @@ fn cancelling_frees_the_room_and_the_budget_defers_or_refuses() {
     let mut tokens = 0;
     sched.step(|id, u| {
         assert_eq!(id, 7);
-        assert!(matches!(u, Update::Token(_)));
+        assert!(matches!(u, Update::Token { .. }));
         tokens += 1;
     });
     assert_eq!(tokens, 1);
