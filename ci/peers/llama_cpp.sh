@@ -7,6 +7,8 @@
 # except progress lines; the build logs go to $PEERS_DIR/logs/.
 #
 # Env: PEERS_DIR, LLAMA_CPP_PY_VERSION (default: newest on PyPI), PEERS_JOBS (default nproc).
+# PEERS_LLAMA_SERVER=1 builds llama-server instead (native, from the same source; for
+# `harness bench-serve`, docs/serve.md) and installs only the build tools.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -23,7 +25,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   log "creating venv $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import cmake, ninja, numpy, torch' 2>/dev/null; then
+SERVER_ONLY=${PEERS_LLAMA_SERVER:-0}
+if [ "$SERVER_ONLY" = 1 ]; then
+  "$VENV/bin/python" -c 'import cmake, ninja' 2>/dev/null || "$VENV/bin/pip" install -q cmake ninja
+elif ! "$VENV/bin/python" -c 'import cmake, ninja, numpy, torch' 2>/dev/null; then
   log "pip install build tools + converter deps (torch: a large download, once)"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q cmake ninja numpy sentencepiece safetensors "transformers" matplotlib torch
@@ -46,7 +51,7 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
   tar xzf "$SDIST" -C "$PEERS_DIR/src"
 fi
 # The gguf package that matches the converter is the one vendored next to it.
-if ! "$VENV/bin/python" -c "import gguf,sys; sys.exit(0 if gguf.__file__.startswith('$SRC') else 1)" 2>/dev/null; then
+if [ "$SERVER_ONLY" != 1 ] && ! "$VENV/bin/python" -c "import gguf,sys; sys.exit(0 if gguf.__file__.startswith('$SRC') else 1)" 2>/dev/null; then
   "$VENV/bin/pip" install -q -e "$SRC/gguf-py"
 fi
 
@@ -69,21 +74,30 @@ fi
 AVX2=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
       -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
       -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+TARGETS=(llama-bench llama-quantize)
 build() {  # build NAME FLAGS...
   local name=$1; shift
-  local dir=$PEERS_DIR/build/$PYVER-$name
-  if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-quantize" ]; then
+  local dir=$PEERS_DIR/build/$PYVER-$name t present=1
+  for t in "${TARGETS[@]}"; do [ -x "$dir/bin/$t" ] || present=0; done
+  if [ "$present" = 1 ]; then
     log "llama.cpp $name build present: $dir/bin"; return; fi
   log "building llama.cpp ($name) in $dir; log: $PEERS_DIR/logs/build-$name.log"
   local t0=$SECONDS
   cmake -S "$SRC" -B "$dir" "${COMMON[@]}" "$@" >"$PEERS_DIR/logs/build-$name.log" 2>&1
-  cmake --build "$dir" -j "$JOBS" --target llama-bench llama-quantize >>"$PEERS_DIR/logs/build-$name.log" 2>&1 \
+  cmake --build "$dir" -j "$JOBS" --target "${TARGETS[@]}" >>"$PEERS_DIR/logs/build-$name.log" 2>&1 \
     || { tail -30 "$PEERS_DIR/logs/build-$name.log" >&2; exit 1; }
   log "built $name in $((SECONDS - t0)) s"
 }
 # One builder at a time (a second run.sh waits here instead of building into the same folder).
 exec 9>"$PEERS_DIR/build/.lock"
 flock 9
+if [ "$SERVER_ONLY" = 1 ]; then
+  TARGETS=(llama-server llama-quantize)
+  COMMON=("${COMMON[@]/-DLLAMA_BUILD_SERVER=OFF/-DLLAMA_BUILD_SERVER=ON}")
+  build "$NATIVE_NAME-server" "${NATIVE[@]}"
+  log "llama-server ready: $PEERS_DIR/build/$PYVER-$NATIVE_NAME-server/bin/llama-server"
+  exit 0
+fi
 build "$NATIVE_NAME" "${NATIVE[@]}"
 build avx2 "${AVX2[@]}"
 

@@ -33,6 +33,23 @@ done
 
 "$venv/bin/python" ci/serve/client.py "$url" "$bin/engine" "$work/model"
 
+# The load generator and its report, end to end: every request must finish with exactly
+# max_tokens tokens (ignore_eos), and the report must hold both levels.
+"$bin/harness" bench-serve --url "$url" --concurrency 1,4 --requests 8 --prompt-words 16 \
+    --max-tokens 8 --warmup 1 --label engine --out "$work/bench.jsonl"
+"$bin/harness" report "$work/bench.jsonl" --out "$work/report"
+"$venv/bin/python" - "$work/bench.jsonl" "$work/report/serve.csv" <<'PY'
+import csv, json, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+assert len(records) == 16, len(records)
+bad = [r for r in records if r["error"] or r["completion_tokens"] != 8 or r["ttft_ms"] <= 0]
+assert not bad, bad
+levels = {int(row["concurrency"]): row for row in csv.DictReader(open(sys.argv[2]))}
+assert sorted(levels) == [1, 4], levels
+assert all(float(l["output_tokens_per_s"]) > 0 for l in levels.values()), levels
+print("bench-serve: 16 requests of 8 tokens each at concurrency 1 and 4; report written")
+PY
+
 kill -TERM "$server"
 status=0
 wait "$server" || status=$?

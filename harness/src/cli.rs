@@ -37,6 +37,8 @@ pub enum Command {
     #[command(name = "import-gguf")]
     ImportGguf(crate::import_cli::ImportArgs),
     Quantize(crate::quantize_cli::QuantizeArgs),
+    #[command(name = "bench-serve")]
+    BenchServe(crate::bench_serve::BenchServeArgs),
 }
 
 impl Command {
@@ -51,6 +53,7 @@ impl Command {
             Command::Oracle(args) => args.run(),
             Command::ImportGguf(args) => args.run(),
             Command::Quantize(args) => args.run(),
+            Command::BenchServe(args) => args.run(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! and reports, on folders the user names or on synthetic checkpoints (the `synth` crate).
 
 pub mod backends;
+pub mod bench_serve;
 pub mod cli;
 pub mod golden;
 pub mod import_cli;

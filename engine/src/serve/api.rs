@@ -107,6 +107,10 @@ pub struct Sampling {
     pub seed: Option<u64>,
     pub stop: Option<Strings>,
     pub n: Option<usize>,
+    /// Generate `max_tokens` even past the model's end-of-sequence tokens (an extension vLLM
+    /// and llama-server share; load generators use it for fixed output lengths).
+    #[serde(default)]
+    pub ignore_eos: bool,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,

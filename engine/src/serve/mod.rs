@@ -398,6 +398,7 @@ impl App {
             seed: s.seed.or(self.opts.defaults.seed),
             // The chosen token's log-prob is recorded with at least one alternative.
             top_logprobs: top_logprobs.map_or(0, |k| k.max(1)),
+            ignore_eos: s.ignore_eos || self.opts.defaults.ignore_eos,
             ..self.opts.defaults.clone()
         };
         let req = self.pipeline.request(prompt, &opts);

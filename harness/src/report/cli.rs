@@ -9,7 +9,8 @@ use clap::Args;
 use super::{compare, criterion, tables, write_report, Sides};
 use crate::sweep::read_jsonl;
 
-/// Turn sweep results into a comparison table, plots and the crossover length.
+/// Turn sweep results into a comparison table, plots and the crossover length (and
+/// `harness bench-serve` results into serving tables and plots).
 ///
 /// Rows are joined on model, prompt length and every other recorded key; the table compares
 /// the --baseline side with the --compare side (median TTFT and p10–p90, speedup = baseline
@@ -27,6 +28,7 @@ use crate::sweep::read_jsonl;
 ///   harness report sweep.jsonl --baseline gdn=perstep --compare gdn=chunked --out reports/gdn
 ///   harness report old.jsonl new.jsonl --baseline commit=1a2b3c --compare commit=4d5e6f
 ///   harness report --criterion target/criterion
+///   harness report bench-serve.jsonl --out reports/serve
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct ReportArgs {
@@ -57,8 +59,25 @@ impl ReportArgs {
             bail!("nothing to report: give sweep jsonl files and/or --criterion DIR");
         }
         let mut rows = Vec::new();
+        let mut serve = Vec::new();
         for f in &self.files {
-            rows.extend(read_jsonl(f)?);
+            match crate::bench_serve::read(f)? {
+                Some(records) => serve.extend(records),
+                None => rows.extend(read_jsonl(f)?),
+            }
+        }
+        if !serve.is_empty() {
+            let files = crate::bench_serve::summary::write(&serve, &self.out)?;
+            let levels = crate::bench_serve::summary::levels(&serve);
+            println!(
+                "{}",
+                crate::bench_serve::summary::markdown(&levels).trim_end()
+            );
+            println!();
+            println!("wrote {} to {}", files.join(", "), self.out.display());
+            if rows.is_empty() && self.criterion.is_none() {
+                return Ok(());
+            }
         }
         if let Some(dir) = &self.criterion {
             rows.extend(criterion::read_criterion(dir)?);
