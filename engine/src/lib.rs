@@ -14,6 +14,7 @@ pub mod info;
 pub mod layers;
 pub mod models;
 pub mod pipeline;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod session;
 pub mod tokenizer;

@@ -48,6 +48,7 @@ printf 'Hi\\nWhat did I say?\\n' | engine chat --model DIR --max-tokens 32")]
     /// /health and /metrics (Prometheus). Requests share one continuously batched decode and
     /// reuse cached prompt prefixes; the request flags below are the defaults a request
     /// overrides. SIGTERM or Ctrl-C lets the requests in flight finish, then exits.
+    #[cfg(feature = "serve")]
     #[command(after_help = "Examples:\n  \
 engine serve --model DIR\n  \
 engine serve --model DIR --port 0 --max-concurrent 16 --max-queue 256\n  \
@@ -209,6 +210,7 @@ impl RunArgs {
 }
 
 /// Arguments of `engine serve`.
+#[cfg(feature = "serve")]
 #[derive(Args)]
 struct ServeArgs {
     /// The checkpoint folder.
@@ -243,6 +245,7 @@ struct ServeArgs {
     run: RunArgs,
 }
 
+#[cfg(feature = "serve")]
 fn run_serve(mut a: ServeArgs) -> Result<()> {
     let (p, gdn_path) = a.run.load(&a.model)?;
     let defaults = a.run.options(gdn_path);
@@ -330,6 +333,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Generate(a) => run_generate(a),
         Cmd::Chat(a) => run_chat(a),
+        #[cfg(feature = "serve")]
         Cmd::Serve(a) => run_serve(a),
         Cmd::Info { model, json } => run_info(model, json),
     };

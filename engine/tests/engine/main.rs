@@ -24,6 +24,7 @@ mod qwen3_5_paths;
 mod qwen3_determinism;
 mod sampling;
 mod scheduler;
+#[cfg(feature = "serve")]
 mod serve;
 mod session;
 mod weights_walk;
