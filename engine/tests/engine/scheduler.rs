@@ -173,3 +173,37 @@ fn cancelling_frees_the_room_and_the_budget_defers_or_refuses() {
     );
     assert_eq!(sched.running(), 0);
 }
+
+#[test]
+fn the_kv_budget_gives_back_cached_prefixes_least_recently_used_first() {
+    let p = load("qwen3:tiny:f32:hf");
+    let per_position = p.model.new_state().kv_bytes_per_position();
+    let req = |seed: u32| request(&p, (1..30).map(|j| j * 7 + seed).collect(), 20, 0.0);
+    // Room for two running sequences' reservations (each twice its 49 positions), while a
+    // finished state holds its cache's 64 slots: one finished state fits beside a new
+    // reservation, two do not.
+    let reservation = per_position * 2 * (29 + 20);
+    let opts = SchedulerOptions {
+        max_batch: 4,
+        prefix_cache: 8,
+        kv_budget: Some(2 * reservation),
+    };
+    let mut sched = Scheduler::new(p.model.as_ref(), opts).unwrap();
+    let mut outs = vec![None; 3];
+    for id in 0..2u64 {
+        assert_eq!(sched.room_for(&req(id as u32)), Room::Now);
+        sched.join(id, req(id as u32)).unwrap();
+        drain(&mut sched, &mut outs);
+    }
+    assert_eq!(sched.cached_prefixes(), 2);
+    // The next sequence's reservation does not fit beside both cached states: the older one
+    // goes (what is left must fit the budget with the reservation).
+    assert_eq!(sched.room_for(&req(2)), Room::Now);
+    assert!(
+        sched.cached_prefixes() < 2,
+        "no cached state was given back"
+    );
+    // The one kept is the most recent: request 1's prompt resumes from it.
+    let cached = sched.join(2, req(1)).unwrap();
+    assert_eq!(cached, 28, "the most recently cached state was kept");
+}
