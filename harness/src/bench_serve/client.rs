@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-/// What one request measured.
-#[derive(Debug, Clone, Default)]
+/// What one request measured (a failed request's record holds the default: zeros).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Timing {
     pub ttft_ms: f64,
     /// Gaps between consecutive text chunks.

@@ -102,13 +102,9 @@ pub struct ServeRecord {
     pub max_tokens: usize,
     /// Seconds from the level's start to this request's start.
     pub start_s: f64,
-    pub ttft_ms: f64,
-    pub itl_ms: Vec<f64>,
-    pub e2e_ms: f64,
-    pub completion_tokens: usize,
-    pub prompt_tokens: Option<usize>,
-    pub cached_tokens: Option<usize>,
-    /// Why the request failed (its timings are then 0).
+    #[serde(flatten)]
+    pub timing: client::Timing,
+    /// Why the request failed (its timing is then all zeros).
     pub error: Option<String>,
 }
 
@@ -228,12 +224,7 @@ impl BenchServeArgs {
                 prompt_words: self.prompt_words,
                 max_tokens: self.max_tokens,
                 start_s,
-                ttft_ms: t.as_ref().map_or(0.0, |t| t.ttft_ms),
-                itl_ms: t.as_ref().map_or(Vec::new(), |t| t.itl_ms.clone()),
-                e2e_ms: t.as_ref().map_or(0.0, |t| t.e2e_ms),
-                completion_tokens: t.as_ref().map_or(0, |t| t.completion_tokens),
-                prompt_tokens: t.as_ref().ok().and_then(|t| t.prompt_tokens),
-                cached_tokens: t.as_ref().ok().and_then(|t| t.cached_tokens),
+                timing: t.as_ref().cloned().unwrap_or_default(),
                 error: t.as_ref().err().map(|e| format!("{e:#}")),
             });
             for r in &records {

@@ -58,12 +58,12 @@ impl Level {
         let begin = ok.iter().map(|r| r.start_s).fold(f64::INFINITY, f64::min);
         let end = ok
             .iter()
-            .map(|r| r.start_s + r.e2e_ms / 1e3)
+            .map(|r| r.start_s + r.timing.e2e_ms / 1e3)
             .fold(0.0, f64::max);
         let wall = (end - begin).max(1e-9);
-        let tokens: usize = ok.iter().map(|r| r.completion_tokens).sum();
+        let tokens: usize = ok.iter().map(|r| r.timing.completion_tokens).sum();
         let (prompt, cached) = ok.iter().fold((0, 0), |(p, c), r| {
-            match (r.prompt_tokens, r.cached_tokens) {
+            match (r.timing.prompt_tokens, r.timing.cached_tokens) {
                 (Some(pt), Some(ct)) => (p + pt, c + ct),
                 _ => (p, c),
             }
@@ -74,9 +74,13 @@ impl Level {
             rate: first.and_then(|r| r.rate),
             requests: records.len(),
             failed: records.len() - ok.len(),
-            ttft_ms: Percentiles::of(ok.iter().map(|r| r.ttft_ms).collect()),
-            itl_ms: Percentiles::of(ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect()),
-            e2e_ms: Percentiles::of(ok.iter().map(|r| r.e2e_ms).collect()),
+            ttft_ms: Percentiles::of(ok.iter().map(|r| r.timing.ttft_ms).collect()),
+            itl_ms: Percentiles::of(
+                ok.iter()
+                    .flat_map(|r| r.timing.itl_ms.iter().copied())
+                    .collect(),
+            ),
+            e2e_ms: Percentiles::of(ok.iter().map(|r| r.timing.e2e_ms).collect()),
             requests_per_s: if ok.is_empty() {
                 0.0
             } else {
@@ -287,12 +291,14 @@ mod tests {
             prompt_words: 1,
             max_tokens: 4,
             start_s,
-            ttft_ms,
-            itl_ms: vec![1.0, 3.0],
-            e2e_ms,
-            completion_tokens: 4,
-            prompt_tokens: Some(10),
-            cached_tokens: Some(5),
+            timing: crate::bench_serve::client::Timing {
+                ttft_ms,
+                itl_ms: vec![1.0, 3.0],
+                e2e_ms,
+                completion_tokens: 4,
+                prompt_tokens: Some(10),
+                cached_tokens: Some(5),
+            },
             error: None,
         }
     }
