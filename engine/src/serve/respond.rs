@@ -92,7 +92,7 @@ pub(crate) async fn respond(
         Kind::Completion { .. } => "cmpl",
         Kind::Chat { .. } => "chatcmpl",
     };
-    let run = Run {
+    let mut run = Run {
         id: format!("{prefix}-{}", app.next_id()),
         created: super::unix_now(),
         app,
@@ -107,11 +107,16 @@ pub(crate) async fn respond(
         include_usage,
         ended: false,
     };
-    if stream {
-        streamed(run)
-    } else {
-        whole(run).await
+    if !stream {
+        return whole(run).await;
     }
+    // A stream's status goes out with its headers: wait until the request has joined the
+    // batch, so that one the engine refuses (it can never fit the KV budget) still gets a 4xx.
+    if let Err(e) = run.started().await {
+        run.count(&Step::Error(ApiError::with(e.status, "")));
+        return e.into_response();
+    }
+    streamed(run)
 }
 
 fn finish_name(f: FinishReason) -> &'static str {
@@ -122,6 +127,34 @@ fn finish_name(f: FinishReason) -> &'static str {
 }
 
 impl Run {
+    /// Waits for the request to join the batch; the engine's refusal as an error.
+    async fn started(&mut self) -> Result<(), ApiError> {
+        match self.events.recv().await {
+            Some(Event::Started {
+                cached_prompt_tokens,
+            }) => {
+                self.cached_prompt_tokens = cached_prompt_tokens;
+                Ok(())
+            }
+            Some(Event::Failed { message, client }) => Err(ApiError::with(
+                if client {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                },
+                message,
+            )),
+            Some(other) => Err(ApiError::with(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("internal: the engine sent {other:?} before the request started"),
+            )),
+            None => Err(ApiError::with(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the engine stopped before the request started",
+            )),
+        }
+    }
+
     /// The next step of the answer, from the next engine events.
     async fn step(&mut self) -> Step {
         let tokenizer = &self.app.pipeline.tokenizer;

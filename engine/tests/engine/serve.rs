@@ -331,3 +331,20 @@ fn a_full_server_answers_429() {
     drop(reader);
     server.stop();
 }
+
+#[test]
+fn a_request_that_can_never_fit_the_kv_budget_gets_400_streamed_or_not() {
+    let model = model();
+    let server = Server::start(&model, &["--kv-budget-mib", "1"]);
+    for stream in [false, true] {
+        let body = json!({"prompt": [1, 2, 3], "max_tokens": 4000, "stream": stream});
+        let (status, text) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 400, "stream={stream}: {text}");
+        assert!(text.contains("--kv-budget-mib"), "{text}");
+    }
+    // A request that fits still runs.
+    let small = json!({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0});
+    let a = server.post_json("/v1/completions", &small);
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    server.stop();
+}
