@@ -142,8 +142,8 @@ pub(crate) struct Decoding {
     pub sampler: Sampler,
     pub tokens: Vec<u32>,
     pub top: Option<Vec<Vec<(u32, f32)>>>,
-    /// Each generated token's own log-prob, when `top` is recorded.
-    pub chosen: Vec<f32>,
+    /// The last generated token's own log-prob, when `top` is recorded.
+    pub chosen: Option<f32>,
     pub budget: usize,
 }
 
@@ -153,7 +153,7 @@ impl Decoding {
             sampler: Sampler::new(req.sampling),
             tokens: Vec::new(),
             top: (req.top_logprobs > 0).then(Vec::new),
-            chosen: Vec::new(),
+            chosen: None,
             budget,
         }
     }
@@ -188,7 +188,7 @@ impl Decoding {
                 Some(&(_, lp)) => lp,
                 None => token_logprob(model, logits, tok)?,
             };
-            self.chosen.push(lp);
+            self.chosen = Some(lp);
         }
         self.tokens.push(tok);
         Ok(Ok(tok))

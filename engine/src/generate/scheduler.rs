@@ -275,7 +275,7 @@ impl<'m> Scheduler<'m> {
                     let d = &seq.decoding;
                     let logprobs = d.top.as_ref().and_then(|top| {
                         Some(TokenLogprobs {
-                            logprob: *d.chosen.last()?,
+                            logprob: d.chosen?,
                             top: top.last()?.clone(),
                         })
                     });

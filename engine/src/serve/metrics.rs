@@ -63,6 +63,17 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts an error answer by its status: 429 and 503 (the server is full or stopping) as
+    /// rejected, other 4xx as client errors, the rest as server errors.
+    pub fn count_error(&self, status: u16) {
+        let c = match status {
+            429 | 503 => &self.rejected,
+            400..=499 => &self.client_errors,
+            _ => &self.server_errors,
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
     pub fn observe_ttft(&self, secs: f64) {
         if let Ok(mut h) = self.ttft.lock() {
             h.observe(secs);

@@ -97,18 +97,28 @@ pub fn serve(pipeline: Pipeline, opts: ServeOptions) -> Result<()> {
         kv_budget: opts.kv_budget,
     };
     let paged = opts.paged;
-    // Fails here, before the port opens, on settings the scheduler refuses.
-    scheduler(pipeline.model.as_ref(), sched_opts, paged)?;
+    // The engine thread builds the scheduler (its KV pool, with --kv paged) once and says
+    // whether it could, before the port opens.
+    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
     let engine = {
         let (pipeline, metrics) = (pipeline.clone(), metrics.clone());
         std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || -> Result<()> {
-                let sched = scheduler(pipeline.model.as_ref(), sched_opts, paged)?;
-                worker::run(sched, rx, &metrics);
-                Ok(())
-            })?
+            .spawn(
+                move || match scheduler(pipeline.model.as_ref(), sched_opts, paged) {
+                    Ok(sched) => {
+                        let _ = ready_tx.send(Ok(()));
+                        worker::run(sched, rx, &metrics);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                },
+            )?
     };
+    ready_rx
+        .recv()
+        .context("the engine thread ended before it started")??;
     let app = Arc::new(App {
         pipeline,
         jobs: Mutex::new(tx),
@@ -147,10 +157,9 @@ pub fn serve(pipeline: Pipeline, opts: ServeOptions) -> Result<()> {
     })?;
     // The last sender goes with the app: the engine thread finishes what it holds and ends.
     drop(app);
-    match engine.join() {
-        Ok(r) => r,
-        Err(_) => anyhow::bail!("the engine thread panicked"),
-    }
+    engine
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))
 }
 
 fn scheduler(
@@ -247,12 +256,7 @@ async fn read_body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError>
 
 /// Counts an error answer in the metrics and answers it.
 fn refuse(app: &App, e: ApiError) -> Response {
-    let c = match e.status.as_u16() {
-        429 | 503 => &app.metrics.rejected,
-        400..=499 => &app.metrics.client_errors,
-        _ => &app.metrics.server_errors,
-    };
-    c.fetch_add(1, Relaxed);
+    app.metrics.count_error(e.status.as_u16());
     e.into_response()
 }
 

@@ -113,8 +113,7 @@ pub(crate) async fn respond(
     // A stream's status goes out with its headers: wait until the request has joined the
     // batch, so that one the engine refuses (it can never fit the KV budget) still gets a 4xx.
     if let Err(e) = run.started().await {
-        run.count(&Step::Error(ApiError::with(e.status, "")));
-        return e.into_response();
+        return refuse(&run.app, e);
     }
     streamed(run)
 }
@@ -287,30 +286,20 @@ impl Run {
         }
         Sse::default().data(Value::Object(m).to_string())
     }
-
-    fn count(&self, outcome: &Step) {
-        let m = &self.app.metrics;
-        match outcome {
-            Step::End(..) => m.ok.fetch_add(1, Relaxed),
-            Step::Error(e) if e.status.is_client_error() => m.client_errors.fetch_add(1, Relaxed),
-            _ => m.server_errors.fetch_add(1, Relaxed),
-        };
-    }
 }
 
 async fn whole(mut run: Run) -> Response {
     let mut text = String::new();
     let mut lps = Vec::new();
     loop {
-        let step = run.step().await;
-        match step {
+        match run.step().await {
             Step::Piece(piece, lp) => {
                 text += &piece;
                 lps.extend(lp);
             }
-            Step::End(ref piece, finish) => {
-                run.count(&step);
-                text += piece;
+            Step::End(piece, finish) => {
+                run.app.metrics.ok.fetch_add(1, Relaxed);
+                text += &piece;
                 let mut m = run.head(run.object(false));
                 m.insert(
                     "choices".into(),
@@ -320,7 +309,7 @@ async fn whole(mut run: Run) -> Response {
                 return axum::Json(Value::Object(m)).into_response();
             }
             Step::Error(e) => {
-                run.count(&Step::Error(ApiError::with(e.status, "")));
+                run.app.metrics.count_error(e.status.as_u16());
                 return e.into_response();
             }
         }
@@ -342,19 +331,18 @@ fn streamed(run: Run) -> Response {
             if run.ended {
                 return None;
             }
-            let step = run.step().await;
-            match step {
+            match run.step().await {
                 Step::Piece(piece, lp) => {
                     if !piece.is_empty() || lp.is_some() {
                         let lps: Vec<TokenLp> = lp.into_iter().collect();
                         queue.push_back(run.chunk(run.choice(piece, &lps, None, true)));
                     }
                 }
-                Step::End(ref piece, finish) => {
-                    run.count(&step);
+                Step::End(piece, finish) => {
+                    run.app.metrics.ok.fetch_add(1, Relaxed);
                     run.ended = true;
                     if !piece.is_empty() {
-                        queue.push_back(run.chunk(run.choice(piece.clone(), &[], None, true)));
+                        queue.push_back(run.chunk(run.choice(piece, &[], None, true)));
                     }
                     queue.push_back(run.chunk(run.choice(String::new(), &[], Some(finish), true)));
                     if run.include_usage {
@@ -366,7 +354,7 @@ fn streamed(run: Run) -> Response {
                     queue.push_back(Sse::default().data("[DONE]"));
                 }
                 Step::Error(e) => {
-                    run.count(&Step::Error(ApiError::with(e.status, "")));
+                    run.app.metrics.count_error(e.status.as_u16());
                     run.ended = true;
                     // Headers are gone already: the error travels as an event.
                     queue.push_back(Sse::default().data(e.body().to_string()));
