@@ -1,10 +1,19 @@
-//! Decode-shaped products with dense bf16 weights, widened in registers (a shift per element)
-//! instead of through a buffer: the weight streams from memory once, straight into the sums.
+//! Decode-shaped products with dense bf16 weights, widened in registers instead of through a
+//! buffer: the weight streams from memory once, straight into the sums.
 //!
 //! Same numerics as the portable decode kernel (`matmul::fold_lanes`): 32 lanes per input row,
 //! lane `c % 32` taking column `c`'s product, multiply then add (no FMA), then the fixed tree.
-//! AVX-512 holds the 32 lanes in two registers, AVX2 in four; the tail of a row that is not a
-//! multiple of 32 runs the same operations in scalar code. So every ISA gives the same bits.
+//! The tail of a row that is not a multiple of 32 runs the same operations in scalar code. So
+//! every ISA gives the same bits.
+//!
+//! A pair of bf16 weights read as one 32-bit word widens with one instruction each: the even
+//! column is the word shifted left by 16, the odd one the word with its low half cleared. So
+//! the registers hold a block's columns evens first, and the input is laid out once per call in
+//! that order ([`Input`]); the lanes return to column order before the tree, so every lane still
+//! sums the same products in the same order.
+//!
+//! AVX-512 runs two weight rows against up to four input rows per pass (16 accumulators), so
+//! each input load serves two rows; AVX2, with 16 registers, one weight row against up to three.
 
 use std::arch::x86_64::*;
 
@@ -15,136 +24,445 @@ use crate::cpu::tree_sum;
 
 const LANES: usize = 32;
 
-/// Output columns `r0..r1` for the `m ≤ DECODE_MAX_M` rows of `xs` (`[m, k]`), `w` `[n, k]`.
+/// Which column of a block of 32 each register lane holds: AVX-512 loads the block as one
+/// register of 16 words (evens, then odds), AVX2 as two of 8 words each.
+fn column(avx512: bool, s: usize) -> usize {
+    if avx512 {
+        2 * (s % 16) + s / 16
+    } else {
+        16 * (s / 16) + 2 * (s % 8) + (s % 16) / 8
+    }
+}
+
+/// 16 floats on a 64-byte boundary, so input rows start on a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// The input rows with each whole block of 32 columns in register order ([`column`]); rows
+/// start on cache lines. The columns past the last whole block are read from the caller's rows.
+pub struct Input<'a> {
+    lines: Vec<Line>,
+    /// Floats per row in `lines`.
+    stride: usize,
+    xs: &'a [f32],
+    m: usize,
+    k: usize,
+}
+
+impl<'a> Input<'a> {
+    pub fn new(xs: &'a [f32], m: usize, k: usize, avx512: bool) -> Input<'a> {
+        let stride = k.div_ceil(16) * 16;
+        let mut lines = vec![Line([0.0; 16]); m * stride / 16];
+        let mut order = [0usize; LANES];
+        for (s, o) in order.iter_mut().enumerate() {
+            *o = column(avx512, s);
+        }
+        // SAFETY: a `Line` is 16 floats and nothing else (size 64, align 64), so the lines are
+        // `16 × len` contiguous floats.
+        let flat: &mut [f32] =
+            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 16) };
+        for (src, dst) in xs[..m * k]
+            .chunks_exact(k)
+            .zip(flat.chunks_exact_mut(stride))
+        {
+            for (from, to) in src.chunks_exact(LANES).zip(dst.chunks_exact_mut(LANES)) {
+                for (t, &c) in to.iter_mut().zip(&order) {
+                    *t = from[c];
+                }
+            }
+        }
+        Input {
+            lines,
+            stride,
+            xs,
+            m,
+            k,
+        }
+    }
+
+    /// Row `i`'s block starting at column `c` (a multiple of 32), in register order.
+    #[inline(always)]
+    fn at(&self, i: usize, c: usize) -> *const f32 {
+        debug_assert!(i < self.m && c + LANES <= self.k);
+        self.lines
+            .as_ptr()
+            .cast::<f32>()
+            .wrapping_add(i * self.stride + c)
+    }
+}
+
+/// Output columns `r0..r1` for the `m ≤ DECODE_MAX_M` rows of `x`, `w` `[n, k]`.
 ///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F/BW/VL when `avx512`); no other thread writes columns
-/// `r0..r1` of `dst` (`[m, n]`).
+/// The CPU has AVX2 (and AVX-512 F/BW/VL when `avx512`, which `x` was laid out for); no other
+/// thread writes columns `r0..r1` of `dst` (`[m, n]`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn rows(
     avx512: bool,
-    xs: &[f32],
-    m: usize,
-    k: usize,
+    x: &Input,
     w: &[bf16],
     n: usize,
     r0: usize,
     r1: usize,
     dst: OutPtr,
 ) {
-    debug_assert!(m <= DECODE_MAX_M);
+    debug_assert!(x.m <= DECODE_MAX_M);
     // SAFETY: forwarded from the caller.
     unsafe {
         if avx512 {
-            by_rows!(m, rows_avx512(xs, k, w, n, r0, r1, dst))
+            by_rows!(x.m, rows_avx512(x, w, n, r0, r1, dst))
         } else {
-            by_rows!(m, rows_avx2(xs, k, w, n, r0, r1, dst))
+            by_rows!(x.m, rows_avx2(x, w, n, r0, r1, dst))
         }
     }
 }
 
-/// The columns past the last whole block of 32, then the tree, for each input row.
+/// Input rows `i0..i0 + M` against weight row `r`, from each input row's lanes split into the
+/// even columns of a block (`ev[t]` is column `2t`) and the odd ones: the columns past the last
+/// whole block join their lanes, then the fixed tree runs on the two halves. The tree's first
+/// four levels pair even columns with even ones and odd with odd (`l` with `l + 16`, `+ 8`,
+/// `+ 4`, `+ 2`), so each half folds onto itself and the last level adds the two: the same
+/// additions as `tree_sum` over the lanes in column order.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn finish<const M: usize>(
-    lanes: &mut [[f32; LANES]; M],
-    xs: &[f32],
-    k: usize,
+    ev: &mut [[f32; 16]; M],
+    od: &mut [[f32; 16]; M],
+    x: &Input,
+    i0: usize,
     row: &[bf16],
     r: usize,
     n: usize,
     dst: OutPtr,
 ) {
+    let k = x.k;
     let full = k / LANES * LANES;
-    for (i, lane) in lanes.iter_mut().enumerate() {
+    for i in 0..M {
+        let xi = &x.xs[(i0 + i) * k..(i0 + i + 1) * k];
         for c in full..k {
-            lane[c - full] += xs[i * k + c] * f32::from_bits((row[c].to_bits() as u32) << 16);
+            let l = c - full;
+            let half = if l.is_multiple_of(2) {
+                &mut ev[i]
+            } else {
+                &mut od[i]
+            };
+            half[l / 2] += xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
         }
-        // SAFETY: (i, r) is inside the m x n output and column r is the caller's alone.
-        unsafe { *dst.at(i * n + r) = tree_sum(*lane) };
+        let total = tree_sum(ev[i]) + tree_sum(od[i]);
+        // SAFETY: (i0 + i, r) is inside the m x n output and column r is the caller's alone.
+        unsafe { *dst.at((i0 + i) * n + r) = total };
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn rows_avx512<const M: usize>(
-    xs: &[f32],
-    k: usize,
+    x: &Input,
     w: &[bf16],
     n: usize,
     r0: usize,
     r1: usize,
     dst: OutPtr,
 ) {
-    let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    for r in r0..r1 {
-        let row = &w[r * k..(r + 1) * k];
-        let mut acc = [[_mm512_setzero_ps(); 2]; M];
-        for c in (0..k / LANES * LANES).step_by(LANES) {
-            // SAFETY: c + 32 ≤ k for the row and for every input row.
-            unsafe {
-                let wv = _mm512_loadu_si512(row.as_ptr().add(c).cast());
-                let w0 = widen(_mm512_castsi512_si256(wv));
-                let w1 = widen(_mm512_extracti64x4_epi64(wv, 1));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let x = xs.as_ptr().add(i * k + c);
-                    a[0] = _mm512_add_ps(a[0], _mm512_mul_ps(_mm512_loadu_ps(x), w0));
-                    a[1] = _mm512_add_ps(a[1], _mm512_mul_ps(_mm512_loadu_ps(x.add(16)), w1));
+    // SAFETY (all arms): forwarded.
+    unsafe {
+        match M {
+            5 => pairs_avx512::<4, 1>(x, w, n, r0, r1, dst),
+            6 => pairs_avx512::<4, 2>(x, w, n, r0, r1, dst),
+            7 => pairs_avx512::<4, 3>(x, w, n, r0, r1, dst),
+            8 => pairs_avx512::<4, 4>(x, w, n, r0, r1, dst),
+            _ => pairs_avx512::<M, 0>(x, w, n, r0, r1, dst),
+        }
+    }
+}
+
+/// One register block's accumulators: weight rows × input rows × the two halves of 32 lanes.
+type Acc<const R: usize, const MB: usize> = [[[__m512; 2]; MB]; R];
+
+/// Pairs of weight rows against the input rows `0..MB1`, then `MB1..MB1 + MB2` (register
+/// blocks of at most 16 accumulators); an odd last row alone.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pairs_avx512<const MB1: usize, const MB2: usize>(
+    x: &Input,
+    w: &[bf16],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    dst: OutPtr,
+) {
+    let full = x.k / LANES * LANES;
+    let mut r = r0;
+    // SAFETY (all calls): forwarded; the rows are in r0..r1, the columns whole blocks.
+    while r < r1 {
+        unsafe {
+            if r + 2 <= r1 {
+                block_avx512::<2, MB1>(x, 0, w, n, r, full, dst);
+                if MB2 > 0 {
+                    block_avx512::<2, MB2>(x, MB1, w, n, r, full, dst);
+                }
+            } else {
+                block_avx512::<1, MB1>(x, 0, w, n, r, full, dst);
+                if MB2 > 0 {
+                    block_avx512::<1, MB2>(x, MB1, w, n, r, full, dst);
                 }
             }
         }
-        let mut lanes = [[0.0f32; LANES]; M];
-        for (l, a) in lanes.iter_mut().zip(&acc) {
-            // SAFETY: a lane array holds 32 floats.
-            unsafe {
-                _mm512_storeu_ps(l.as_mut_ptr(), a[0]);
-                _mm512_storeu_ps(l.as_mut_ptr().add(16), a[1]);
+        r += 2;
+    }
+}
+
+/// Weight rows `r..r + R` against input rows `i0..i0 + MB`: the whole blocks, then the tail
+/// and the trees.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn block_avx512<const R: usize, const MB: usize>(
+    x: &Input,
+    i0: usize,
+    w: &[bf16],
+    n: usize,
+    r: usize,
+    full: usize,
+    dst: OutPtr,
+) {
+    let mut acc: Acc<R, MB> = [[[_mm512_setzero_ps(); 2]; MB]; R];
+    // SAFETY: forwarded.
+    unsafe {
+        sums_avx512(&mut acc, x, i0, w, r, 0, full);
+        finish_avx512(&acc, x, i0, w, n, r, dst);
+    }
+}
+
+/// Columns `c0..c1` (whole blocks) of weight rows `r..r + R` against input rows
+/// `i0..i0 + MB`, into `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn sums_avx512<const R: usize, const MB: usize>(
+    acc: &mut Acc<R, MB>,
+    x: &Input,
+    i0: usize,
+    w: &[bf16],
+    r: usize,
+    c0: usize,
+    c1: usize,
+) {
+    let k = x.k;
+    let high = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut a = *acc;
+    for c in (c0..c1).step_by(LANES) {
+        let mut wv = [[_mm512_setzero_ps(); 2]; R];
+        for (j, v) in wv.iter_mut().enumerate() {
+            // SAFETY: c + 32 ≤ k inside weight row r + j.
+            let words = unsafe { _mm512_loadu_si512(w.as_ptr().add((r + j) * k + c).cast()) };
+            *v = [
+                _mm512_castsi512_ps(_mm512_slli_epi32(words, 16)),
+                _mm512_castsi512_ps(_mm512_and_si512(words, high)),
+            ];
+        }
+        for i in 0..MB {
+            let p = x.at(i0 + i, c);
+            // SAFETY: a block of 32 floats of input row i0 + i, on a cache line.
+            let xv = unsafe { [_mm512_load_ps(p), _mm512_load_ps(p.add(16))] };
+            for (aj, v) in a.iter_mut().zip(&wv) {
+                for h in 0..2 {
+                    aj[i][h] = _mm512_add_ps(aj[i][h], _mm512_mul_ps(xv[h], v[h]));
+                }
             }
         }
-        // SAFETY: forwarded.
-        unsafe { finish(&mut lanes, xs, k, row, r, n, dst) };
+    }
+    *acc = a;
+}
+
+/// [`finish`] for a whole block at once: the tail columns join their lanes (masked adds, so
+/// lanes without one keep their bits, signed zeros included), then the trees of all its
+/// outputs run together, transposed: 16 registers of 16 lanes fold level by level into one
+/// register of 16 sums, with the pairs `tree_sum` adds.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn finish_avx512<const R: usize, const MB: usize>(
+    acc: &[[[__m512; 2]; MB]; R],
+    x: &Input,
+    i0: usize,
+    w: &[bf16],
+    n: usize,
+    r: usize,
+    dst: OutPtr,
+) {
+    let k = x.k;
+    let full = k / LANES * LANES;
+    // Output o = j·MB + i: its even half in register o, its odd half in register 8 + o.
+    let mut v = [_mm512_setzero_ps(); 16];
+    for (j, a) in acc.iter().enumerate() {
+        for (i, h) in a.iter().enumerate() {
+            let o = j * MB + i;
+            v[o] = h[0];
+            v[8 + o] = h[1];
+            if full < k {
+                let row = &w[(r + j) * k..(r + j + 1) * k];
+                let xi = &x.xs[(i0 + i) * k..(i0 + i + 1) * k];
+                let mut tail = [[0.0f32; 16]; 2];
+                let mut mask = [0u16; 2];
+                for c in full..k {
+                    let l = c - full;
+                    tail[l % 2][l / 2] = xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
+                    mask[l % 2] |= 1 << (l / 2);
+                }
+                for (half, at) in [o, 8 + o].into_iter().enumerate() {
+                    // SAFETY: a tail holds 16 floats.
+                    let t = unsafe { _mm512_loadu_ps(tail[half].as_ptr()) };
+                    v[at] = _mm512_mask_add_ps(v[at], mask[half], v[at], t);
+                }
+            }
+        }
+    }
+    // Lanes t and t + 8, then t and t + 4 (128-bit quarters), t and t + 2, t and t + 1.
+    let mut u = [_mm512_setzero_ps(); 8];
+    for (a, u) in u.iter_mut().enumerate() {
+        let (p, q) = (v[2 * a], v[2 * a + 1]);
+        *u = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(p, q),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q),
+        );
+    }
+    let mut q4 = [_mm512_setzero_ps(); 4];
+    for (b, q4) in q4.iter_mut().enumerate() {
+        let (p, q) = (u[2 * b], u[2 * b + 1]);
+        *q4 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(p, q),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q),
+        );
+    }
+    let mut q2 = [_mm512_setzero_ps(); 2];
+    for (c, q2) in q2.iter_mut().enumerate() {
+        let (p, q) = (q4[2 * c], q4[2 * c + 1]);
+        *q2 = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(p, q),
+            _mm512_shuffle_ps::<0b11_10_11_10>(p, q),
+        );
+    }
+    let sums = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(q2[0], q2[1]),
+        _mm512_shuffle_ps::<0b11_01_11_01>(q2[0], q2[1]),
+    );
+    // Register g's sum is in lane 4·(g % 4) + g / 4: output o's even half in lane
+    // 4·(o % 4) + o / 4 and its odd half two lanes up; the last level adds the two.
+    let total = _mm512_add_ps(sums, _mm512_shuffle_ps::<0b11_10_11_10>(sums, sums));
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` holds 16 floats.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+    for j in 0..R {
+        for i in 0..MB {
+            let o = j * MB + i;
+            // SAFETY: (i0 + i, r + j) is inside the m x n output, column r + j the caller's.
+            unsafe { *dst.at((i0 + i) * n + r + j) = out[4 * (o % 4) + o / 4] };
+        }
     }
 }
 
 #[target_feature(enable = "avx2")]
 unsafe fn rows_avx2<const M: usize>(
-    xs: &[f32],
-    k: usize,
+    x: &Input,
     w: &[bf16],
     n: usize,
     r0: usize,
     r1: usize,
     dst: OutPtr,
 ) {
-    let widen = |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    // At most three input rows per pass: 12 accumulators and 4 widened weights fill the 16
+    // registers.
     for r in r0..r1 {
-        let row = &w[r * k..(r + 1) * k];
-        let mut acc = [[_mm256_setzero_ps(); 4]; M];
-        for c in (0..k / LANES * LANES).step_by(LANES) {
-            // SAFETY: c + 32 ≤ k for the row and for every input row.
+        let mut i0 = 0;
+        while i0 < M {
+            // SAFETY: forwarded; row r is the caller's and i0..i0 + MB are input rows.
             unsafe {
-                let p = row.as_ptr().add(c);
-                let wq = [
-                    widen(_mm_loadu_si128(p.cast())),
-                    widen(_mm_loadu_si128(p.add(8).cast())),
-                    widen(_mm_loadu_si128(p.add(16).cast())),
-                    widen(_mm_loadu_si128(p.add(24).cast())),
-                ];
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let x = xs.as_ptr().add(i * k + c);
-                    for (j, wj) in wq.iter().enumerate() {
-                        let xj = _mm256_loadu_ps(x.add(8 * j));
-                        a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(xj, *wj));
-                    }
+                match M - i0 {
+                    1 => block_avx2::<1>(x, i0, w, n, r, dst),
+                    2 => block_avx2::<2>(x, i0, w, n, r, dst),
+                    _ => block_avx2::<3>(x, i0, w, n, r, dst),
                 }
             }
+            i0 += 3;
         }
-        let mut lanes = [[0.0f32; LANES]; M];
-        for (l, a) in lanes.iter_mut().zip(&acc) {
-            for (j, v) in a.iter().enumerate() {
-                // SAFETY: a lane array holds 32 floats.
-                unsafe { _mm256_storeu_ps(l.as_mut_ptr().add(8 * j), *v) };
+    }
+}
+
+/// Weight row `r` against input rows `i0..i0 + MB`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2<const MB: usize>(
+    x: &Input,
+    i0: usize,
+    w: &[bf16],
+    n: usize,
+    r: usize,
+    dst: OutPtr,
+) {
+    let k = x.k;
+    let row = &w[r * k..(r + 1) * k];
+    let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut acc = [[_mm256_setzero_ps(); 4]; MB];
+    for c in (0..k / LANES * LANES).step_by(LANES) {
+        // SAFETY: c + 32 ≤ k inside the row.
+        let (lo, hi) = unsafe {
+            let p = row.as_ptr().add(c);
+            (
+                _mm256_loadu_si256(p.cast()),
+                _mm256_loadu_si256(p.add(16).cast()),
+            )
+        };
+        let wv = [
+            _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(lo, high)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(hi, high)),
+        ];
+        for (i, a) in acc.iter_mut().enumerate() {
+            let p = x.at(i0 + i, c);
+            for (j, v) in wv.iter().enumerate() {
+                // SAFETY: a block of 32 floats of input row i0 + i, on a 32-byte boundary.
+                let xj = unsafe { _mm256_load_ps(p.add(8 * j)) };
+                a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(xj, *v));
             }
         }
-        // SAFETY: forwarded.
-        unsafe { finish(&mut lanes, xs, k, row, r, n, dst) };
     }
+    if k.is_multiple_of(LANES) {
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: (i0 + i, r) is inside the m x n output and column r is the caller's.
+            unsafe { *dst.at((i0 + i) * n + r) = tree_avx2(a) };
+        }
+        return;
+    }
+    let (mut ev, mut od) = ([[0.0f32; 16]; MB], [[0.0f32; 16]; MB]);
+    for i in 0..MB {
+        // SAFETY: each half holds 16 floats: registers 0 and 2 hold the even columns of the
+        // block's two halves, 1 and 3 the odd ones.
+        unsafe {
+            _mm256_storeu_ps(ev[i].as_mut_ptr(), acc[i][0]);
+            _mm256_storeu_ps(od[i].as_mut_ptr(), acc[i][1]);
+            _mm256_storeu_ps(ev[i].as_mut_ptr().add(8), acc[i][2]);
+            _mm256_storeu_ps(od[i].as_mut_ptr().add(8), acc[i][3]);
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { finish(&mut ev, &mut od, x, i0, row, r, n, dst) };
+}
+
+/// [`finish`]'s tree in registers, for rows without tail columns: the even halves (registers
+/// 0 and 2) and the odd ones (1 and 3) fold level by level side by side, then meet.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tree_avx2(a: &[__m256; 4]) -> f32 {
+    // Lanes t and t + 8: one register per half.
+    let (ev, od) = (_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+    // t and t + 4: the even half's four in the low 128 bits, the odd half's in the high.
+    let q = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(ev, od),
+        _mm256_permute2f128_ps::<0x31>(ev, od),
+    );
+    // t and t + 2, then t and t + 1, within each 128 bits.
+    let h = _mm256_add_ps(q, _mm256_shuffle_ps::<0b11_10_11_10>(q, q));
+    let one = _mm256_add_ps(h, _mm256_shuffle_ps::<0b01_01_01_01>(h, h));
+    _mm_cvtss_f32(_mm_add_ss(
+        _mm256_castps256_ps128(one),
+        _mm256_extractf128_ps::<1>(one),
+    ))
 }

@@ -272,9 +272,11 @@ fn matvec_chunks<'a>(
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(wb), true) = (w.bf16_dense(), isa.avx2) {
-        // SAFETY: AVX2 (and AVX-512 when asked) is present; each chunk writes only its columns.
+        let x = matvec_bf16::Input::new(xs, m, k, isa.avx512);
+        // SAFETY: AVX2 (and AVX-512 when asked, which `x` is laid out for) is present; each
+        // chunk writes only its columns.
         return Box::new(move |r0, r1| unsafe {
-            matvec_bf16::rows(isa.avx512, xs, m, k, wb, n, r0, r1, dst)
+            matvec_bf16::rows(isa.avx512, &x, wb, n, r0, r1, dst)
         });
     }
     Box::new(move |r0, r1| {
