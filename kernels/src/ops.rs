@@ -53,17 +53,16 @@ pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
 /// devices one row at a time.
 pub fn matmul_rows(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let m = x.dim(0);
-    let group = if x.device() == crate::Device::Cpu && w.device() == crate::Device::Cpu {
-        cpu::matmul::DECODE_MAX_M
-    } else {
-        1
-    };
-    if x.dims() != 2 || m <= group {
+    let cpu = x.device() == crate::Device::Cpu && w.device() == crate::Device::Cpu;
+    if x.dims() != 2 || (cpu && m <= cpu::matmul::DECODE_MAX_M) || (!cpu && m <= 1) {
         return matmul(x, w);
     }
+    if cpu {
+        check_matmul(x, w)?;
+        return cpu::matmul::matmul_rows(x, w);
+    }
     let parts = (0..m)
-        .step_by(group)
-        .map(|r| matmul(&x.narrow0(r, group.min(m - r))?, w))
+        .map(|r| matmul(&x.narrow0(r, 1)?, w))
         .collect::<Result<Vec<_>>>()?;
     let parts: Vec<Tensor> = parts
         .iter()

@@ -607,8 +607,9 @@ fn fast_bf16_is_the_same_on_every_isa_even_with_subnormals() {
     // Weights and activations spanning normal, tiny and subnormal magnitudes (bf16 has f32's
     // exponent range), where the instruction's DAZ/FTZ decide the bits. Decode (m ≤ 5) and
     // prefill row counts; k = 90 has one whole decode block of 64 columns and a tail, k = 129
-    // two blocks and an odd last column.
-    for k in [90, 129] {
+    // two blocks and an odd last column, k = 128 whole blocks only (AVX-512 BF16's blocked
+    // kernel).
+    for k in [90, 128, 129] {
         fast_bf16_isa_case(k);
     }
 }
@@ -637,18 +638,24 @@ fn fast_bf16_isa_case(k: usize) {
 
 #[test]
 fn fast_bf16_decode_rows_are_independent() {
-    // An input row gives the same bits alone as among the 5 rows of an MTP verification, on
-    // every ISA level.
-    let (n, k) = (70, 300);
-    let w = random_weight(Format::Dense(DType::BF16), n, k, 97);
-    let xs = random_x(5, k, 98);
-    let x5 = Tensor::from_f32(&[5, k], xs.clone()).unwrap();
-    for &level in crate::common::isa_levels() {
-        let all = bits_of(&matmul_at(level, Numerics::Fast, &x5, &w));
-        for i in 0..5 {
-            let xi = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
-            let one = bits_of(&matmul_at(level, Numerics::Fast, &xi, &w));
-            assert_eq!(one, all[i * n..(i + 1) * n], "row {i} at {level}");
+    // An input row gives the same bits alone as among the 5 rows of an MTP verification or the
+    // 8 of a batched step, on every ISA level; k = 320 is whole blocks of 64 columns only.
+    for (k, m) in [(300, 5), (320, 5), (320, 8)] {
+        let n = 70;
+        let w = random_weight(Format::Dense(DType::BF16), n, k, 97);
+        let xs = random_x(m, k, 98);
+        let all_rows = Tensor::from_f32(&[m, k], xs.clone()).unwrap();
+        for &level in crate::common::isa_levels() {
+            let all = bits_of(&matmul_at(level, Numerics::Fast, &all_rows, &w));
+            for i in 0..m {
+                let xi = Tensor::from_f32(&[1, k], xs[i * k..(i + 1) * k].to_vec()).unwrap();
+                let one = bits_of(&matmul_at(level, Numerics::Fast, &xi, &w));
+                assert_eq!(
+                    one,
+                    all[i * n..(i + 1) * n],
+                    "k={k}: row {i} of {m} at {level}"
+                );
+            }
         }
     }
 }

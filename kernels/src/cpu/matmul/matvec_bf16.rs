@@ -274,8 +274,7 @@ unsafe fn sums_avx512<const R: usize, const MB: usize>(
 
 /// [`finish`] for a whole block at once: the tail columns join their lanes (masked adds, so
 /// lanes without one keep their bits, signed zeros included), then the trees of all its
-/// outputs run together, transposed: 16 registers of 16 lanes fold level by level into one
-/// register of 16 sums, with the pairs `tree_sum` adds.
+/// outputs' halves run together ([`super::out::trees16`]) and each output adds its two.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn finish_avx512<const R: usize, const MB: usize>(
@@ -314,46 +313,13 @@ unsafe fn finish_avx512<const R: usize, const MB: usize>(
             }
         }
     }
-    // Lanes t and t + 8, then t and t + 4 (128-bit quarters), t and t + 2, t and t + 1.
-    let mut u = [_mm512_setzero_ps(); 8];
-    for (a, u) in u.iter_mut().enumerate() {
-        let (p, q) = (v[2 * a], v[2 * a + 1]);
-        *u = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b01_00_01_00>(p, q),
-            _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q),
-        );
-    }
-    let mut q4 = [_mm512_setzero_ps(); 4];
-    for (b, q4) in q4.iter_mut().enumerate() {
-        let (p, q) = (u[2 * b], u[2 * b + 1]);
-        *q4 = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(p, q),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q),
-        );
-    }
-    let mut q2 = [_mm512_setzero_ps(); 2];
-    for (c, q2) in q2.iter_mut().enumerate() {
-        let (p, q) = (q4[2 * c], q4[2 * c + 1]);
-        *q2 = _mm512_add_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(p, q),
-            _mm512_shuffle_ps::<0b11_10_11_10>(p, q),
-        );
-    }
-    let sums = _mm512_add_ps(
-        _mm512_shuffle_ps::<0b10_00_10_00>(q2[0], q2[1]),
-        _mm512_shuffle_ps::<0b11_01_11_01>(q2[0], q2[1]),
-    );
-    // Register g's sum is in lane 4·(g % 4) + g / 4: output o's even half in lane
-    // 4·(o % 4) + o / 4 and its odd half two lanes up; the last level adds the two.
-    let total = _mm512_add_ps(sums, _mm512_shuffle_ps::<0b11_10_11_10>(sums, sums));
-    let mut out = [0.0f32; 16];
-    // SAFETY: `out` holds 16 floats.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
+    // SAFETY: AVX-512 F is present (this function's features).
+    let sums = unsafe { super::out::trees16(&v) };
     for j in 0..R {
         for i in 0..MB {
             let o = j * MB + i;
             // SAFETY: (i0 + i, r + j) is inside the m x n output, column r + j the caller's.
-            unsafe { *dst.at((i0 + i) * n + r + j) = out[4 * (o % 4) + o / 4] };
+            unsafe { *dst.at((i0 + i) * n + r + j) = sums[o] + sums[8 + o] };
         }
     }
 }

@@ -368,6 +368,34 @@ pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// The rows of `x` (`[M, K]`, separate sequences) against `w`, each through the decode kernel
+/// as if alone: groups of at most [`DECODE_MAX_M`] rows, all run on each chunk of weight rows
+/// in turn, so the chunk comes from memory once for every group and each row's result is
+/// bit-identical to its one-row [`matmul`].
+pub fn matmul_rows(x: &Tensor, w: &Weight) -> Result<Tensor> {
+    let rows = WeightRows::new(w)?;
+    check_input(x, &rows, w)?;
+    let (n, k) = (rows.rows(), rows.cols());
+    let m: usize = x.shape()[..x.dims() - 1].iter().product();
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("checked dims above") = n;
+    let mut out = vec![0.0f32; m * n];
+    if m > 0 && n > 0 && k > 0 {
+        let xs = x.f32s()?;
+        let (isa, numerics) = (Isa::current(), Numerics::current());
+        let groups: Vec<_> = (0..m)
+            .step_by(DECODE_MAX_M)
+            .map(|i0| {
+                let mg = DECODE_MAX_M.min(m - i0);
+                let dst = OutPtr(out[i0 * n..].as_mut_ptr());
+                matvec_chunks(&xs[i0 * k..(i0 + mg) * k], mg, &rows, isa, numerics, dst)
+            })
+            .collect();
+        for_each_row_chunk(&rows, |r0, r1| groups.iter().for_each(|g| g(r0, r1)));
+    }
+    Tensor::from_f32(&shape, out)
+}
+
 /// Columns decoded at a time by the decode kernel: a multiple of every group size, so spans
 /// never split a group, and small enough to live on the stack.
 const SPAN: usize = 128;

@@ -42,3 +42,46 @@ pub(crate) fn prefetch_affine<const BITS: usize>(
     }
     let _ = (w, r, k);
 }
+
+/// `tree_sum` of each of 16 registers of 16 lanes, all at once: the registers fold level by
+/// level (lanes `t` and `t + 8`, `t + 4`, `t + 2`, `t + 1`, the pairs `tree_sum` adds), two
+/// registers into one per level, so 15 adds and 30 shuffles replace 16 scalar trees.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn trees16(v: &[std::arch::x86_64::__m512; 16]) -> [f32; 16] {
+    use std::arch::x86_64::*;
+    // Each level pairs registers: the low quarters (or words) of both, plus their high ones.
+    let halves: [__m512; 8] = std::array::from_fn(|a| {
+        let (p, q) = (v[2 * a], v[2 * a + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(p, q),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q),
+        )
+    });
+    let quarters: [__m512; 4] = std::array::from_fn(|b| {
+        let (p, q) = (halves[2 * b], halves[2 * b + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(p, q),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q),
+        )
+    });
+    let pairs: [__m512; 2] = std::array::from_fn(|c| {
+        let (p, q) = (quarters[2 * c], quarters[2 * c + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(p, q),
+            _mm512_shuffle_ps::<0b11_10_11_10>(p, q),
+        )
+    });
+    let sums = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(pairs[0], pairs[1]),
+        _mm512_shuffle_ps::<0b11_01_11_01>(pairs[0], pairs[1]),
+    );
+    let mut lanes = [0.0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sums) };
+    // Register g's sum ends in lane 4·(g % 4) + g / 4.
+    std::array::from_fn(|g| lanes[4 * (g % 4) + g / 4])
+}
