@@ -123,13 +123,13 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::bgemm_bf16::mxcsr;
-    use super::super::out::{trees16, OutPtr};
+    use super::super::out::{tree16, trees16, OutPtr};
     use super::{Bf16Input, LANES};
     use half::bf16;
 
-    /// Rows of whole blocks only (`k` a multiple of 64) with AVX-512 BF16: pairs of weight rows
-    /// against up to four input rows per pass, so each input load serves two rows, and the
-    /// lane trees of a pass's outputs folded together in registers ([`trees16`]); the same
+    /// Rows of whole blocks only (`k` a multiple of 64) with AVX-512 BF16: one weight row at a
+    /// time against all `M` input rows, then the lane trees folded in registers, all outputs
+    /// together ([`trees16`]) from four input rows up, one by one ([`tree16`]) below; the same
     /// sums as [`blocks_avx512bf16`] and `tree_sum`, so the same bits.
     ///
     /// # Safety
@@ -145,99 +145,43 @@ mod x86 {
         r1: usize,
         dst: OutPtr,
     ) {
-        let mut r = r0;
-        while r < r1 {
-            // SAFETY (all calls): forwarded; the weight rows passed are in r0..r1.
-            unsafe {
-                if r + 2 <= r1 {
-                    blocks_by::<M, 2>(x, w, k, n, r, dst);
-                } else {
-                    blocks_by::<M, 1>(x, w, k, n, r, dst);
-                }
-            }
-            r += 2;
-        }
-    }
-
-    /// All `M` input rows against weight rows `r..r + R`, in register blocks of up to four
-    /// input rows.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn blocks_by<const M: usize, const R: usize>(
-        x: &Bf16Input,
-        w: &[bf16],
-        k: usize,
-        n: usize,
-        r: usize,
-        dst: OutPtr,
-    ) {
-        // SAFETY (all calls): forwarded.
-        unsafe {
-            match M {
-                1 => block::<R, 1>(x, 0, w, k, n, r, dst),
-                2 => block::<R, 2>(x, 0, w, k, n, r, dst),
-                3 => block::<R, 3>(x, 0, w, k, n, r, dst),
-                _ => block::<R, 4>(x, 0, w, k, n, r, dst),
-            }
-            match M {
-                5 => block::<R, 1>(x, 4, w, k, n, r, dst),
-                6 => block::<R, 2>(x, 4, w, k, n, r, dst),
-                7 => block::<R, 3>(x, 4, w, k, n, r, dst),
-                8 => block::<R, 4>(x, 4, w, k, n, r, dst),
-                _ => {}
-            }
-        }
-    }
-
-    /// Weight rows `r..r + R` against input rows `i0..i0 + MB`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn block<const R: usize, const MB: usize>(
-        x: &Bf16Input,
-        i0: usize,
-        w: &[bf16],
-        k: usize,
-        n: usize,
-        r: usize,
-        dst: OutPtr,
-    ) {
         let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
-        let xp: [*const u32; MB] = std::array::from_fn(|i| x.row(i0 + i).as_ptr());
-        let mut acc = [[[_mm512_setzero_ps(); 2]; MB]; R];
-        for b in 0..k / (2 * LANES) {
-            // SAFETY: block b's 64 columns lie inside each weight row and its 32 pairs inside
-            // each input row.
-            unsafe {
-                let wv: [[__m512bh; 2]; R] = std::array::from_fn(|j| {
-                    let p = w.as_ptr().add((r + j) * k + 64 * b);
-                    [
-                        bh(_mm512_loadu_si512(p.cast())),
-                        bh(_mm512_loadu_si512(p.add(32).cast())),
-                    ]
-                });
-                for i in 0..MB {
-                    let x0 = bh(_mm512_loadu_si512(xp[i].add(32 * b).cast()));
-                    let x1 = bh(_mm512_loadu_si512(xp[i].add(32 * b + 16).cast()));
-                    for (a, v) in acc.iter_mut().zip(&wv) {
-                        a[i][0] = _mm512_dpbf16_ps(a[i][0], x0, v[0]);
-                        a[i][1] = _mm512_dpbf16_ps(a[i][1], x1, v[1]);
+        let xp: [*const u32; M] = std::array::from_fn(|i| x.row(i).as_ptr());
+        for r in r0..r1 {
+            let mut acc = [[_mm512_setzero_ps(); 2]; M];
+            for b in 0..k / (2 * LANES) {
+                // SAFETY: block b's 64 columns lie inside weight row r and its 32 pairs inside
+                // each input row.
+                unsafe {
+                    let p = w.as_ptr().add(r * k + 64 * b);
+                    let w0 = bh(_mm512_loadu_si512(p.cast()));
+                    let w1 = bh(_mm512_loadu_si512(p.add(32).cast()));
+                    for (a, xp) in acc.iter_mut().zip(&xp) {
+                        let x0 = bh(_mm512_loadu_si512(xp.add(32 * b).cast()));
+                        let x1 = bh(_mm512_loadu_si512(xp.add(32 * b + 16).cast()));
+                        a[0] = _mm512_dpbf16_ps(a[0], x0, w0);
+                        a[1] = _mm512_dpbf16_ps(a[1], x1, w1);
                     }
                 }
             }
-        }
-        // The tree's first level (lanes l and l + 16) is the two registers' sum.
-        let mut v = [_mm512_setzero_ps(); 16];
-        for (j, a) in acc.iter().enumerate() {
-            for (i, h) in a.iter().enumerate() {
-                v[j * MB + i] = _mm512_add_ps(h[0], h[1]);
+            // The tree's first level (lanes l and l + 16) is the two registers' sum.
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (v, a) in v.iter_mut().zip(&acc) {
+                *v = _mm512_add_ps(a[0], a[1]);
             }
-        }
-        // SAFETY: AVX-512 F is present.
-        let sums = unsafe { trees16(&v) };
-        for j in 0..R {
-            for i in 0..MB {
-                // SAFETY: (i0 + i, r + j) is inside the output and column r + j the caller's.
-                unsafe { *dst.at((i0 + i) * n + r + j) = sums[j * MB + i] };
+            // SAFETY (all calls): AVX-512 F is present; (i, r) is inside the output and column
+            // r the caller's.
+            unsafe {
+                if M < 4 {
+                    for (i, v) in v.iter().take(M).enumerate() {
+                        *dst.at(i * n + r) = tree16(*v);
+                    }
+                } else {
+                    let sums = trees16(&v);
+                    for (i, s) in sums.iter().take(M).enumerate() {
+                        *dst.at(i * n + r) = *s;
+                    }
+                }
             }
         }
     }

@@ -12,8 +12,8 @@
 //! that order ([`Input`]); the lanes return to column order before the tree, so every lane still
 //! sums the same products in the same order.
 //!
-//! AVX-512 runs two weight rows against up to four input rows per pass (16 accumulators), so
-//! each input load serves two rows; AVX2, with 16 registers, one weight row against up to three.
+//! AVX-512 runs one weight row against every input row (16 accumulators for 8), AVX2, with 16
+//! registers, against up to three at a time. The lane trees fold in registers.
 
 use std::arch::x86_64::*;
 
@@ -155,6 +155,8 @@ unsafe fn finish<const M: usize>(
     }
 }
 
+/// One weight row at a time (a single stream from memory: two interleaved rows streamed
+/// more slowly from DRAM) against all `M` input rows, whose 2·M accumulators fit the registers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn rows_avx512<const M: usize>(
     x: &Input,
@@ -164,123 +166,40 @@ unsafe fn rows_avx512<const M: usize>(
     r1: usize,
     dst: OutPtr,
 ) {
-    // SAFETY (all arms): forwarded.
-    unsafe {
-        match M {
-            5 => pairs_avx512::<4, 1>(x, w, n, r0, r1, dst),
-            6 => pairs_avx512::<4, 2>(x, w, n, r0, r1, dst),
-            7 => pairs_avx512::<4, 3>(x, w, n, r0, r1, dst),
-            8 => pairs_avx512::<4, 4>(x, w, n, r0, r1, dst),
-            _ => pairs_avx512::<M, 0>(x, w, n, r0, r1, dst),
-        }
-    }
-}
-
-/// One register block's accumulators: weight rows × input rows × the two halves of 32 lanes.
-type Acc<const R: usize, const MB: usize> = [[[__m512; 2]; MB]; R];
-
-/// Pairs of weight rows against the input rows `0..MB1`, then `MB1..MB1 + MB2` (register
-/// blocks of at most 16 accumulators); an odd last row alone.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pairs_avx512<const MB1: usize, const MB2: usize>(
-    x: &Input,
-    w: &[bf16],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    dst: OutPtr,
-) {
-    let full = x.k / LANES * LANES;
-    let mut r = r0;
-    // SAFETY (all calls): forwarded; the rows are in r0..r1, the columns whole blocks.
-    while r < r1 {
-        unsafe {
-            if r + 2 <= r1 {
-                block_avx512::<2, MB1>(x, 0, w, n, r, full, dst);
-                if MB2 > 0 {
-                    block_avx512::<2, MB2>(x, MB1, w, n, r, full, dst);
-                }
-            } else {
-                block_avx512::<1, MB1>(x, 0, w, n, r, full, dst);
-                if MB2 > 0 {
-                    block_avx512::<1, MB2>(x, MB1, w, n, r, full, dst);
-                }
-            }
-        }
-        r += 2;
-    }
-}
-
-/// Weight rows `r..r + R` against input rows `i0..i0 + MB`: the whole blocks, then the tail
-/// and the trees.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn block_avx512<const R: usize, const MB: usize>(
-    x: &Input,
-    i0: usize,
-    w: &[bf16],
-    n: usize,
-    r: usize,
-    full: usize,
-    dst: OutPtr,
-) {
-    let mut acc: Acc<R, MB> = [[[_mm512_setzero_ps(); 2]; MB]; R];
-    // SAFETY: forwarded.
-    unsafe {
-        sums_avx512(&mut acc, x, i0, w, r, 0, full);
-        finish_avx512(&acc, x, i0, w, n, r, dst);
-    }
-}
-
-/// Columns `c0..c1` (whole blocks) of weight rows `r..r + R` against input rows
-/// `i0..i0 + MB`, into `acc`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn sums_avx512<const R: usize, const MB: usize>(
-    acc: &mut Acc<R, MB>,
-    x: &Input,
-    i0: usize,
-    w: &[bf16],
-    r: usize,
-    c0: usize,
-    c1: usize,
-) {
     let k = x.k;
     let high = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-    let mut a = *acc;
-    for c in (c0..c1).step_by(LANES) {
-        let mut wv = [[_mm512_setzero_ps(); 2]; R];
-        for (j, v) in wv.iter_mut().enumerate() {
-            // SAFETY: c + 32 ≤ k inside weight row r + j.
-            let words = unsafe { _mm512_loadu_si512(w.as_ptr().add((r + j) * k + c).cast()) };
-            *v = [
+    for r in r0..r1 {
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        for c in (0..k / LANES * LANES).step_by(LANES) {
+            // SAFETY: c + 32 ≤ k inside weight row r.
+            let words = unsafe { _mm512_loadu_si512(w.as_ptr().add(r * k + c).cast()) };
+            let wv = [
                 _mm512_castsi512_ps(_mm512_slli_epi32(words, 16)),
                 _mm512_castsi512_ps(_mm512_and_si512(words, high)),
             ];
-        }
-        for i in 0..MB {
-            let p = x.at(i0 + i, c);
-            // SAFETY: a block of 32 floats of input row i0 + i, on a cache line.
-            let xv = unsafe { [_mm512_load_ps(p), _mm512_load_ps(p.add(16))] };
-            for (aj, v) in a.iter_mut().zip(&wv) {
+            for (i, a) in acc.iter_mut().enumerate() {
+                let p = x.at(i, c);
+                // SAFETY: a block of 32 floats of input row i, on a cache line.
+                let xv = unsafe { [_mm512_load_ps(p), _mm512_load_ps(p.add(16))] };
                 for h in 0..2 {
-                    aj[i][h] = _mm512_add_ps(aj[i][h], _mm512_mul_ps(xv[h], v[h]));
+                    a[h] = _mm512_add_ps(a[h], _mm512_mul_ps(xv[h], wv[h]));
                 }
             }
         }
+        // SAFETY: forwarded.
+        unsafe { finish_avx512(&acc, x, w, n, r, dst) };
     }
-    *acc = a;
 }
 
-/// [`finish`] for a whole block at once: the tail columns join their lanes (masked adds, so
-/// lanes without one keep their bits, signed zeros included), then the trees of all its
-/// outputs' halves run together ([`super::out::trees16`]) and each output adds its two.
+/// [`finish`] for weight row `r` against all input rows: the tail columns join their lanes
+/// (masked adds, so lanes without one keep their bits, signed zeros included), then each
+/// output's two halves fold in registers: all together ([`super::out::trees16`]) when there
+/// are four outputs or more, one by one ([`super::out::tree16`]) below.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn finish_avx512<const R: usize, const MB: usize>(
-    acc: &[[[__m512; 2]; MB]; R],
+unsafe fn finish_avx512<const M: usize>(
+    acc: &[[__m512; 2]; M],
     x: &Input,
-    i0: usize,
     w: &[bf16],
     n: usize,
     r: usize,
@@ -288,38 +207,40 @@ unsafe fn finish_avx512<const R: usize, const MB: usize>(
 ) {
     let k = x.k;
     let full = k / LANES * LANES;
-    // Output o = j·MB + i: its even half in register o, its odd half in register 8 + o.
+    // Input row i's even half in register i, its odd half in register 8 + i.
     let mut v = [_mm512_setzero_ps(); 16];
-    for (j, a) in acc.iter().enumerate() {
-        for (i, h) in a.iter().enumerate() {
-            let o = j * MB + i;
-            v[o] = h[0];
-            v[8 + o] = h[1];
-            if full < k {
-                let row = &w[(r + j) * k..(r + j + 1) * k];
-                let xi = &x.xs[(i0 + i) * k..(i0 + i + 1) * k];
-                let mut tail = [[0.0f32; 16]; 2];
-                let mut mask = [0u16; 2];
-                for c in full..k {
-                    let l = c - full;
-                    tail[l % 2][l / 2] = xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
-                    mask[l % 2] |= 1 << (l / 2);
-                }
-                for (half, at) in [o, 8 + o].into_iter().enumerate() {
-                    // SAFETY: a tail holds 16 floats.
-                    let t = unsafe { _mm512_loadu_ps(tail[half].as_ptr()) };
-                    v[at] = _mm512_mask_add_ps(v[at], mask[half], v[at], t);
-                }
+    for (i, h) in acc.iter().enumerate() {
+        v[i] = h[0];
+        v[8 + i] = h[1];
+        if full < k {
+            let row = &w[r * k..(r + 1) * k];
+            let xi = &x.xs[i * k..(i + 1) * k];
+            let mut tail = [[0.0f32; 16]; 2];
+            let mut mask = [0u16; 2];
+            for c in full..k {
+                let l = c - full;
+                tail[l % 2][l / 2] = xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
+                mask[l % 2] |= 1 << (l / 2);
+            }
+            for (half, at) in [i, 8 + i].into_iter().enumerate() {
+                // SAFETY: a tail holds 16 floats.
+                let t = unsafe { _mm512_loadu_ps(tail[half].as_ptr()) };
+                v[at] = _mm512_mask_add_ps(v[at], mask[half], v[at], t);
             }
         }
     }
-    // SAFETY: AVX-512 F is present (this function's features).
-    let sums = unsafe { super::out::trees16(&v) };
-    for j in 0..R {
-        for i in 0..MB {
-            let o = j * MB + i;
-            // SAFETY: (i0 + i, r + j) is inside the m x n output, column r + j the caller's.
-            unsafe { *dst.at((i0 + i) * n + r + j) = sums[o] + sums[8 + o] };
+    // SAFETY (all calls): AVX-512 F is present; (i, r) is inside the m x n output and column r
+    // is the caller's alone.
+    unsafe {
+        if M < 4 {
+            for i in 0..M {
+                *dst.at(i * n + r) = super::out::tree16(v[i]) + super::out::tree16(v[8 + i]);
+            }
+            return;
+        }
+        let sums = super::out::trees16(&v);
+        for i in 0..M {
+            *dst.at(i * n + r) = sums[i] + sums[8 + i];
         }
     }
 }

@@ -304,17 +304,18 @@ fn fused_affine<'a, const BITS: usize>(
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let xsum = qmatvec_avx2::group_sums(xs, m, k, a.group);
     Box::new(move |r0, r1| {
-        if isa.avx512 {
-            // SAFETY: AVX-512 is present and the kernel applies (the caller's checks), xs/xsum
-            // are m rows of k and their group sums, rows r0..r1 are this chunk's alone.
-            return unsafe { qmatvec_avx2::rows_avx512(&a, r0, r1, k, xs, m, &xsum, n, dst) };
-        }
         let mut row = [0.0f32; DECODE_MAX_M];
         for r in r0..r1 {
             out::prefetch_affine(&a, r, k);
-            // SAFETY: AVX2 is present and the kernel applies (the caller's checks), xs/xsum
-            // are m rows of k and their group sums, and r < n.
-            unsafe { qmatvec_avx2::row_dot(&a, r, k, xs, m, &xsum, &mut row) };
+            // SAFETY: AVX2 (and AVX-512 where taken) is present and the kernel applies (the
+            // caller's checks), xs/xsum are m rows of k and their group sums, and r < n.
+            unsafe {
+                if isa.avx512 {
+                    qmatvec_avx2::row_dot_avx512(&a, r, k, xs, m, &xsum, &mut row)
+                } else {
+                    qmatvec_avx2::row_dot(&a, r, k, xs, m, &xsum, &mut row)
+                }
+            };
             for (i, &v) in row[..m].iter().enumerate() {
                 // SAFETY: column r belongs to this chunk alone.
                 unsafe { *dst.at(i * n + r) = v };

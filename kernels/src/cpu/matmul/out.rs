@@ -85,3 +85,22 @@ pub(crate) unsafe fn trees16(v: &[std::arch::x86_64::__m512; 16]) -> [f32; 16] {
     // Register g's sum ends in lane 4·(g % 4) + g / 4.
     std::array::from_fn(|g| lanes[4 * (g % 4) + g / 4])
 }
+
+/// `tree_sum` of one register of 16 lanes, in registers (lanes `t` and `t + 8`, `t + 4`,
+/// `t + 2`, `t + 1`): for blocks with too few outputs to fill [`trees16`].
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tree16(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let four = _mm_add_ps(
+        _mm256_castps256_ps128(eight),
+        _mm256_extractf128_ps::<1>(eight),
+    );
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
+}

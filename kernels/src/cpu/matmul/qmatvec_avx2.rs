@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::out::{prefetch_affine, OutPtr, DECODE_MAX_M};
+use super::out::DECODE_MAX_M;
 use crate::quant::decode::Affine;
 
 /// Σx over each group of each input row: `[m, k / group]`, summed left to right.
@@ -128,88 +128,44 @@ fn finish(even: __m256, odd: __m256, bias: f32) -> f32 {
     _mm_cvtss_f32(h) + bias
 }
 
-/// [`row_dot`] on AVX-512 for weight rows `r0..r1`: one 16-lane register per input row holds
-/// the AVX2 kernel's two accumulators side by side (the step's columns `c..c + 8` in the low
-/// half, `c + 8..c + 16` in the high half), and every lane runs the same multiplies and adds in
-/// the same order, so the bits are the AVX2 kernel's, with half the instructions.
+/// [`row_dot`] on AVX-512: one 16-lane register per input row holds the AVX2 kernel's two
+/// accumulators side by side (the step's columns `c..c + 8` in the low half, `c + 8..c + 16` in
+/// the high half), and every lane runs the same multiplies and adds in the same order, so the
+/// bits are the AVX2 kernel's, with half the instructions.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL (and AVX2); otherwise as [`row_dot`], for every row in
-/// `r0..r1`; no other thread writes columns `r0..r1` of `dst` (`[m, n]`).
-#[allow(clippy::too_many_arguments)]
+/// The CPU has AVX-512 F/BW/VL (and AVX2); otherwise as [`row_dot`].
+#[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-pub unsafe fn rows_avx512<const BITS: usize>(
+pub unsafe fn row_dot_avx512<const BITS: usize>(
     w: &Affine<BITS>,
-    r0: usize,
-    r1: usize,
+    r: usize,
     k: usize,
     xs: &[f32],
     m: usize,
     xsum: &[f32],
-    n: usize,
-    dst: OutPtr,
+    out: &mut [f32; DECODE_MAX_M],
 ) {
-    // Each lane's sum is one chain of dependent adds, a step's latency long per 16 columns:
-    // with few input rows, weight rows run side by side so that their chains overlap.
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match m {
-            1 => rows_by::<1, 1, BITS>(w, r0, r1, k, xs, xsum, n, dst),
-            2 => rows_by::<2, 2, BITS>(w, r0, r1, k, xs, xsum, n, dst),
-            3 => rows_by::<3, 2, BITS>(w, r0, r1, k, xs, xsum, n, dst),
-            _ => by_rows!(m, rows_by[1, BITS](w, r0, r1, k, xs, xsum, n, dst)),
-        }
-    }
+    unsafe { by_rows!(m, wide_m[BITS](w, r, k, xs, xsum, out)) }
 }
 
-/// [`rows_avx512`] for `M` input rows, `R` weight rows at a time.
-#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn rows_by<const M: usize, const R: usize, const BITS: usize>(
-    w: &Affine<BITS>,
-    r0: usize,
-    r1: usize,
-    k: usize,
-    xs: &[f32],
-    xsum: &[f32],
-    n: usize,
-    dst: OutPtr,
-) {
-    let mut r = r0;
-    // SAFETY (both calls): forwarded; the rows passed are in r0..r1.
-    while r + R <= r1 {
-        for j in 0..R {
-            prefetch_affine(w, r + j, k);
-        }
-        unsafe { wide::<M, R, BITS>(w, r, k, xs, xsum, n, dst) };
-        r += R;
-    }
-    for r in r..r1 {
-        prefetch_affine(w, r, k);
-        unsafe { wide::<M, 1, BITS>(w, r, k, xs, xsum, n, dst) };
-    }
-}
-
-/// Weight rows `r..r + R` against the `M` input rows.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn wide<const M: usize, const R: usize, const BITS: usize>(
+unsafe fn wide_m<const M: usize, const BITS: usize>(
     w: &Affine<BITS>,
     r: usize,
     k: usize,
     xs: &[f32],
     xsum: &[f32],
-    n: usize,
-    dst: OutPtr,
+    out: &mut [f32; DECODE_MAX_M],
 ) {
     let group = w.group;
     let groups = k / group;
     let step = 16 * BITS / 32;
-    let row_words = k * BITS / 32;
+    let words = &w.packed[r * k * BITS / 32..(r + 1) * k * BITS / 32];
     let low = _mm_set1_epi8(0xF);
-    // Columns c..c + 16 of a row as one vector of codes.
+    // Columns c..c + 16 of the row as one vector of codes.
     let codes = |ws: &[u32]| -> __m512i {
         if BITS == 4 {
             // Byte b of the step's 8 holds column 2b in its low nibble and 2b + 1 in its high
@@ -224,40 +180,28 @@ unsafe fn wide<const M: usize, const R: usize, const BITS: usize>(
             _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(ws.as_ptr().cast()) })
         }
     };
-    let mut acc = [[_mm512_setzero_ps(); M]; R];
-    let mut bias = [[0.0f32; M]; R];
+    let mut acc = [_mm512_setzero_ps(); M];
+    let mut bias = [0.0f32; M];
     for g in 0..groups {
+        let s = _mm512_set1_ps(w.scales.get(r * groups + g));
+        let b = w.biases.get(r * groups + g);
         let gw = group * BITS / 32;
-        let mut s = [_mm512_setzero_ps(); R];
-        for (j, s) in s.iter_mut().enumerate() {
-            *s = _mm512_set1_ps(w.scales.get((r + j) * groups + g));
-        }
-        for p in 0..group / 16 {
+        for (p, ws) in words[g * gw..(g + 1) * gw].chunks_exact(step).enumerate() {
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(codes(ws)), s);
             let c = g * group + p * 16;
-            // SAFETY: c + 16 ≤ k, and row i of xs has k elements.
-            let x: [__m512; M] =
-                std::array::from_fn(|i| unsafe { _mm512_loadu_ps(xs.as_ptr().add(i * k + c)) });
-            for (j, a) in acc.iter_mut().enumerate() {
-                let at = (r + j) * row_words + g * gw + p * step;
-                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(codes(&w.packed[at..at + step])), s[j]);
-                for (a, x) in a.iter_mut().zip(&x) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(*x, v));
-                }
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: c + 16 ≤ k, and row i of xs has k elements.
+                let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(i * k + c)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, v));
             }
         }
-        for (j, bias) in bias.iter_mut().enumerate() {
-            let b = w.biases.get((r + j) * groups + g);
-            for (i, bi) in bias.iter_mut().enumerate() {
-                *bi += b * xsum[i * groups + g];
-            }
+        for (i, bi) in bias.iter_mut().enumerate() {
+            *bi += b * xsum[i * groups + g];
         }
     }
-    for (j, (acc, bias)) in acc.iter().zip(&bias).enumerate() {
-        for (i, (a, &b)) in acc.iter().zip(bias).enumerate() {
-            let even = _mm512_castps512_ps256(*a);
-            let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
-            // SAFETY: (i, r + j) is inside the m x n output and column r + j the caller's.
-            unsafe { *dst.at(i * n + r + j) = finish(even, odd, b) };
-        }
+    for (i, a) in acc.iter().enumerate() {
+        let even = _mm512_castps512_ps256(*a);
+        let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
+        out[i] = finish(even, odd, bias[i]);
     }
 }
