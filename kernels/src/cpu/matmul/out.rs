@@ -50,6 +50,7 @@ pub(crate) fn prefetch_affine<const BITS: usize>(
 /// # Safety
 /// The CPU has AVX-512 F.
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn trees16(v: &[std::arch::x86_64::__m512; 16]) -> [f32; 16] {
     use std::arch::x86_64::*;
@@ -96,7 +97,8 @@ pub(crate) unsafe fn trees16(v: &[std::arch::x86_64::__m512; 16]) -> [f32; 16] {
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn tree16(v: std::arch::x86_64::__m512) -> f32 {
     use std::arch::x86_64::*;
-    let eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let eight = _mm256_add_ps(_mm512_castps512_ps256(v), high);
     let four = _mm_add_ps(
         _mm256_castps256_ps128(eight),
         _mm256_extractf128_ps::<1>(eight),
