@@ -52,7 +52,8 @@ pub struct Input<'a> {
 
 impl<'a> Input<'a> {
     pub fn new(xs: &'a [f32], m: usize, k: usize, avx512: bool) -> Input<'a> {
-        let stride = k.div_ceil(16) * 16;
+        // One line more than the row needs: rows a multiple of 4 KiB apart would share L1 sets.
+        let stride = k.div_ceil(16) * 16 + 16;
         let mut lines = vec![Line([0.0; 16]); m * stride / 16];
         let mut order = [0usize; LANES];
         for (s, o) in order.iter_mut().enumerate() {

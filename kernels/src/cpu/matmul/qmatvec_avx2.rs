@@ -164,17 +164,17 @@ unsafe fn wide_m<const M: usize, const BITS: usize>(
     let groups = k / group;
     let step = 16 * BITS / 32;
     let words = &w.packed[r * k * BITS / 32..(r + 1) * k * BITS / 32];
-    let low = _mm_set1_epi8(0xF);
+    let shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    let low = _mm512_set1_epi32(0xF);
+    // Lane l reads word l / 8 of the step's two.
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     // Columns c..c + 16 of the row as one vector of codes.
     let codes = |ws: &[u32]| -> __m512i {
         if BITS == 4 {
-            // Byte b of the step's 8 holds column 2b in its low nibble and 2b + 1 in its high
-            // one: the nibbles apart, interleaved back into column order, then widened.
             // SAFETY: `ws` holds the step's 2 words (8 bytes).
-            let bytes = unsafe { _mm_loadl_epi64(ws.as_ptr().cast()) };
-            let lo = _mm_and_si128(bytes, low);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low);
-            _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))
+            let pair = _mm512_castsi128_si512(unsafe { _mm_loadl_epi64(ws.as_ptr().cast()) });
+            let spread = _mm512_permutexvar_epi32(halves, pair);
+            _mm512_and_si512(_mm512_srlv_epi32(spread, shifts), low)
         } else {
             // SAFETY: `ws` holds the step's 4 words (16 bytes).
             _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(ws.as_ptr().cast()) })
