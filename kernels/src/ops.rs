@@ -49,8 +49,8 @@ pub fn matmul_many(x: &Tensor, ws: &[&Weight]) -> Result<Vec<Tensor>> {
 /// [`matmul`] for `x` `[M, K]` whose rows are separate sequences (a batched decode step): each
 /// row's result is bit-identical to a one-row [`matmul`] of that row. On the CPU the rows go
 /// through the decode kernel, whose rows do not depend on each other, in groups of at most
-/// [`cpu::matmul::DECODE_MAX_M`] (one weight read per group instead of per row); on other
-/// devices one row at a time.
+/// [`cpu::matmul::DECODE_MAX_M`] ([`cpu::matmul::matmul_rows`]: a dense weight is read once
+/// for all groups); on other devices one row at a time.
 pub fn matmul_rows(x: &Tensor, w: &Weight) -> Result<Tensor> {
     let m = x.dim(0);
     let cpu = x.device() == crate::Device::Cpu && w.device() == crate::Device::Cpu;

@@ -9,8 +9,9 @@
 //! A pair of bf16 weights read as one 32-bit word widens with one instruction each: the even
 //! column is the word shifted left by 16, the odd one the word with its low half cleared. So
 //! the registers hold a block's columns evens first, and the input is laid out once per call in
-//! that order ([`Input`]); the lanes return to column order before the tree, so every lane still
-//! sums the same products in the same order.
+//! that order ([`Input`]), so every lane still sums the same products in the same order. The
+//! tree's first four levels pair even columns with even ones and odd with odd, so it runs on
+//! the two halves as they lie and adds them last ([`finish`]).
 //!
 //! AVX-512 runs one weight row against every input row (16 accumulators for 8), AVX2, with 16
 //! registers, against up to three at a time. The lane trees fold in registers.
@@ -140,20 +141,35 @@ unsafe fn finish<const M: usize>(
     let k = x.k;
     let full = k / LANES * LANES;
     for i in 0..M {
-        let xi = &x.xs[(i0 + i) * k..(i0 + i + 1) * k];
-        for c in full..k {
-            let l = c - full;
-            let half = if l.is_multiple_of(2) {
-                &mut ev[i]
-            } else {
-                &mut od[i]
-            };
-            half[l / 2] += xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
+        let (tail, mask) = tail_products(&x.xs[(i0 + i) * k..(i0 + i + 1) * k], row, full);
+        for (half, (t, m)) in [&mut ev[i], &mut od[i]]
+            .into_iter()
+            .zip(tail.iter().zip(mask))
+        {
+            for (l, (h, &t)) in half.iter_mut().zip(t).enumerate() {
+                if m & (1 << l) != 0 {
+                    *h += t;
+                }
+            }
         }
         let total = tree_sum(ev[i]) + tree_sum(od[i]);
         // SAFETY: (i0 + i, r) is inside the m x n output and column r is the caller's alone.
         unsafe { *dst.at((i0 + i) * n + r) = total };
     }
+}
+
+/// The products of the columns past the last whole block (`full..k`) of one input row and one
+/// weight row, by lane: column `full + l` in half `l % 2` (even, odd) at `l / 2`, with a mask
+/// of the lanes that have one.
+fn tail_products(xi: &[f32], row: &[bf16], full: usize) -> ([[f32; 16]; 2], [u16; 2]) {
+    let mut tail = [[0.0f32; 16]; 2];
+    let mut mask = [0u16; 2];
+    for c in full..xi.len() {
+        let l = c - full;
+        tail[l % 2][l / 2] = xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
+        mask[l % 2] |= 1 << (l / 2);
+    }
+    (tail, mask)
 }
 
 /// One weight row at a time (a single stream from memory: two interleaved rows streamed
@@ -215,14 +231,7 @@ unsafe fn finish_avx512<const M: usize>(
         v[8 + i] = h[1];
         if full < k {
             let row = &w[r * k..(r + 1) * k];
-            let xi = &x.xs[i * k..(i + 1) * k];
-            let mut tail = [[0.0f32; 16]; 2];
-            let mut mask = [0u16; 2];
-            for c in full..k {
-                let l = c - full;
-                tail[l % 2][l / 2] = xi[c] * f32::from_bits((row[c].to_bits() as u32) << 16);
-                mask[l % 2] |= 1 << (l / 2);
-            }
+            let (tail, mask) = tail_products(&x.xs[i * k..(i + 1) * k], row, full);
             for (half, at) in [i, 8 + i].into_iter().enumerate() {
                 // SAFETY: a tail holds 16 floats.
                 let t = unsafe { _mm512_loadu_ps(tail[half].as_ptr()) };
