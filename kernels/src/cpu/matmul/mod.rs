@@ -243,9 +243,9 @@ fn matvec_chunks<'a>(
 ) -> Box<dyn Fn(usize, usize) + Sync + Send + 'a> {
     let (n, k) = (w.rows(), w.cols());
     if let (Some(wb), Numerics::Fast) = (w.bf16_dense(), numerics) {
-        let x = bgemm_bf16::round_input(xs, m, k, false);
-        // SAFETY: `isa` is what the CPU has; `dst` is m x n and each chunk writes only its
-        // own columns.
+        let x = bmatvec_bf16::Input::new(xs, m, k, isa);
+        // SAFETY: `isa` is what the CPU has (`x` is laid out for it); `dst` is m x n and each
+        // chunk writes only its own columns.
         return Box::new(move |r0, r1| unsafe {
             bmatvec_bf16::rows(&x, wb, k, n, r0, r1, isa, dst)
         });

@@ -106,3 +106,57 @@ pub(crate) unsafe fn tree16(v: std::arch::x86_64::__m512) -> f32 {
     let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
 }
+
+/// `tree_sum` of each of 8 registers of 8 lanes, all at once (AVX2): the registers fold level
+/// by level (lanes `t` and `t + 4`, `t + 2`, `t + 1`, the pairs `tree_sum` adds), two registers
+/// into one per level, so 7 adds and 14 shuffles replace 8 trees.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn trees8(v: &[std::arch::x86_64::__m256; 8]) -> [f32; 8] {
+    use std::arch::x86_64::*;
+    // t + 4: register 2a's four sums in the low 128 bits, 2a + 1's in the high.
+    let halves: [__m256; 4] = std::array::from_fn(|a| {
+        let (p, q) = (v[2 * a], v[2 * a + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(p, q),
+            _mm256_permute2f128_ps::<0x31>(p, q),
+        )
+    });
+    // t + 2, within each 128 bits: words 0, 1 of the first register, then of the second.
+    let pairs: [__m256; 2] = std::array::from_fn(|b| {
+        let (p, q) = (halves[2 * b], halves[2 * b + 1]);
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(p, q),
+            _mm256_shuffle_ps::<0b11_10_11_10>(p, q),
+        )
+    });
+    // t + 1: one sum per word.
+    let sums = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(pairs[0], pairs[1]),
+        _mm256_shuffle_ps::<0b11_01_11_01>(pairs[0], pairs[1]),
+    );
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+    // Register g's sum ends in lane 4·(g % 2) + g / 2.
+    std::array::from_fn(|g| lanes[4 * (g % 2) + g / 2])
+}
+
+/// `tree_sum` of one register of 8 lanes, in registers: for blocks with too few outputs to
+/// fill [`trees8`].
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn tree8(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
+}
