@@ -325,7 +325,7 @@ mod x86 {
             mxcsr::write(saved);
             let row = &w[r * k..(r + 1) * k];
             // SAFETY (all writes): (i, r) is inside the output and column r the caller's.
-            if k % (2 * LANES) != 0 {
+            if !k.is_multiple_of(2 * LANES) {
                 for (i, a) in a.iter().enumerate() {
                     let mut lane = [0.0f32; LANES];
                     for (h, v) in a.iter().enumerate() {
