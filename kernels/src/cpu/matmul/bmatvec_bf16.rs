@@ -302,7 +302,11 @@ mod x86 {
         dst: OutPtr,
     ) {
         let blocks = k / (2 * LANES);
-        assert_eq!(x.split_len, 64 * blocks, "the input was not split for this kernel");
+        assert_eq!(
+            x.split_len,
+            64 * blocks,
+            "the input was not split for this kernel"
+        );
         let xp: [*const f32; M] = std::array::from_fn(|i| x.split[i * x.split_len..].as_ptr());
         let saved = mxcsr::read();
         // Lane group h of input row i, after every block of the current weight row (every
