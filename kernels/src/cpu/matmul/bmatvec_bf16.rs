@@ -37,8 +37,10 @@ pub struct Input {
     pairs: Bf16Input,
     /// Per input row, its whole blocks of 64 columns as groups of 8 pairs: the group's 8 odd
     /// columns, then its 8 even ones, as f32 (empty where [`splits`] is false).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     split: Vec<f32>,
     /// Floats per input row in `split`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     split_len: usize,
 }
 
