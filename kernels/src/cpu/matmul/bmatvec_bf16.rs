@@ -286,9 +286,10 @@ mod x86 {
 
     /// The same FMAs on AVX2, 8 lanes per register, under MXCSR's DAZ and FTZ: for each
     /// weight row, the input rows in groups of [`GROUP_ROWS`] ([`group`]), each group's lanes
-    /// in registers, the weight widened once per group. Rows without tail columns fold their trees in registers ([`trees8`] from four input rows up,
-    /// [`tree8`] below); the others finish their tail pairs in software and fold with
-    /// `tree_sum`. The same sums in the same order, so the same bits.
+    /// in registers, the weight widened once per group. Rows without tail columns fold their
+    /// trees in registers ([`trees8`] from four input rows up, [`tree8`] below); the others
+    /// finish their tail pairs in software and fold with `tree_sum`. The same sums in the same
+    /// order, so the same bits.
     ///
     /// # Safety
     /// AVX2 and FMA are present; `x` was split (`M` rows of `k`) and `w` holds `n` rows of
