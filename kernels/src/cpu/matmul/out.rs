@@ -147,7 +147,7 @@ pub(crate) unsafe fn trees8(v: &[std::arch::x86_64::__m256; 8]) -> [f32; 8] {
 }
 
 /// `tree_sum` of one register of 8 lanes, in registers: for blocks with too few outputs to
-/// fill [`trees8`].
+/// fill [`trees8`], and the AVX2 4- and 8-bit kernels' lane sums.
 ///
 /// # Safety
 /// The CPU has AVX.

@@ -121,11 +121,8 @@ unsafe fn row_dot_m<const M: usize, const BITS: usize>(
 #[inline]
 #[target_feature(enable = "avx2")]
 fn finish(even: __m256, odd: __m256, bias: f32) -> f32 {
-    let v = _mm256_add_ps(even, odd);
-    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    _mm_cvtss_f32(h) + bias
+    // SAFETY: AVX2 (so AVX) is enabled here.
+    unsafe { super::out::tree8(_mm256_add_ps(even, odd)) + bias }
 }
 
 /// [`row_dot`] on AVX-512: one 16-lane register per input row holds the AVX2 kernel's two

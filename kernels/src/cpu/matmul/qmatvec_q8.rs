@@ -35,11 +35,7 @@ const GB: usize = GROUP / 2;
 #[cfg(target_arch = "x86_64")]
 macro_rules! write_rows {
     ($w:expr, ($r0:expr, $r1:expr), $q:expr, ($n:expr, $dst:expr), $sums:path) => {{
-        let tree = |v: __m256| {
-            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
-        };
+        use $crate::cpu::matmul::out::tree8 as tree;
         for r in $r0..$r1 {
             $crate::cpu::matmul::out::prefetch_affine(
                 &$w,
