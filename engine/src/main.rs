@@ -81,8 +81,9 @@ struct GenerateArgs {
     /// optionally with "chat", "max_tokens", "temperature", "top_k", "top_p", "seed" (the
     /// command line's values otherwise). They run as one batch (continuous batching:
     /// finished sequences leave, waiting ones join), each with the result it gets alone;
-    /// --json prints one line per prompt, in file order.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_ids", "mtp", "top_logprobs"])]
+    /// --json prints one line per prompt, in file order. With --mtp each sequence runs its own
+    /// speculative rounds beside the batch's step.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_ids", "top_logprobs"])]
     prompts: Option<PathBuf>,
     /// Sequences decoding together at most, with --prompts.
     #[arg(long, default_value_t = 8, requires = "prompts", value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -118,6 +119,7 @@ struct GenerateArgs {
         long,
         value_name = "correct|wrong|first=K",
         requires = "mtp",
+        conflicts_with = "prompts",
         hide = true
     )]
     mtp_force: Option<String>,
@@ -241,6 +243,12 @@ struct ServeArgs {
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 20)))]
     max_body_kib: u64,
+    /// Speculative decoding for every request: the checkpoint's own MTP head (Qwen3.5 original
+    /// folders) drafts up to D tokens (1-4) that the model verifies in one forward. Each such
+    /// request runs its own rounds beside the batch's step; its output is what `engine
+    /// generate --mtp D` gives (greedy: plain decoding's tokens).
+    #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=4))]
+    mtp: Option<u8>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -248,7 +256,19 @@ struct ServeArgs {
 #[cfg(feature = "serve")]
 fn run_serve(mut a: ServeArgs) -> Result<()> {
     let (p, gdn_path) = a.run.load(&a.model)?;
-    let defaults = a.run.options(gdn_path);
+    if a.mtp.is_some() && p.model.drafter().is_none() {
+        bail!(
+            "--mtp needs a checkpoint with its own draft head (Qwen3.5's `mtp.*` tensors, kept in original folders; mlx-lm conversions drop them); {} has none",
+            a.model.display()
+        );
+    }
+    let defaults = RequestOptions {
+        mtp: a.mtp.map(|depth| generate::MtpOptions {
+            depth: depth as usize,
+            forced: None,
+        }),
+        ..a.run.options(gdn_path)
+    };
     let kv_budget = (a.kv_budget_mib as usize).saturating_mul(1 << 20);
     let paged = defaults.paged_kv.map(|pk| {
         let per_block = p.model.new_state().kv_bytes_per_position() * pk.block_size;
@@ -439,6 +459,10 @@ fn run_batch(
     let opts = RequestOptions {
         prefill_step: a.prefill_step,
         ignore_eos: a.ignore_eos,
+        mtp: a.mtp.map(|depth| generate::MtpOptions {
+            depth: depth as usize,
+            forced: None,
+        }),
         ..a.run.options(gdn_path)
     };
     let reqs = p.requests_from_file(file, &opts)?;

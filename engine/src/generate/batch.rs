@@ -34,8 +34,9 @@ fn blocks_needed(model: &dyn CausalLm, req: &GenerateRequest) -> usize {
 }
 
 /// Runs `reqs` as one batch; `on_token(i, tok)` sees request `i`'s tokens as they come.
-/// The requests must agree on the cache settings (flat or paged, block size, GDN path) and
-/// must not ask for speculative decoding. Outputs come back in request order.
+/// The requests must agree on the cache settings (flat or paged, block size, GDN path); those
+/// with speculative decoding run their own rounds beside the batch's step. Outputs come back
+/// in request order.
 pub fn generate_batch(
     model: &dyn CausalLm,
     reqs: &[GenerateRequest],
@@ -47,12 +48,6 @@ pub fn generate_batch(
     };
     for (i, r) in reqs.iter().enumerate() {
         validate(model, r).map_err(|e| e.context(format!("request {}", i + 1)))?;
-        if r.mtp.is_some() {
-            bail!(
-                "request {}: speculative decoding (mtp) does not run in a batch",
-                i + 1
-            );
-        }
         if (r.paged_kv, r.flat_kv, r.gdn_path, r.kernels)
             != (first.paged_kv, first.flat_kv, first.gdn_path, first.kernels)
         {

@@ -184,11 +184,8 @@ impl Decoding {
         if let Some(top) = &self.top {
             // The chosen token's log-prob: in the recorded best ones, or else (a draw outside
             // them) from the whole row.
-            let lp = match top.last().and_then(|t| t.iter().find(|e| e.0 == tok)) {
-                Some(&(_, lp)) => lp,
-                None => token_logprob(model, logits, tok)?,
-            };
-            self.chosen = Some(lp);
+            let best = top.last().map_or(&[][..], Vec::as_slice);
+            self.chosen = Some(chosen_logprob(model, logits, tok, best)?);
         }
         self.tokens.push(tok);
         Ok(Ok(tok))
@@ -322,31 +319,24 @@ pub fn generate(
     let mut state = fresh_state(model, req)?;
     if let (Some(opts), Some(drafter)) = (&req.mtp, model.drafter()) {
         let start = Instant::now();
-        let step = req.prefill_step.unwrap_or(req.prompt_ids.len());
-        let setup = speculative::Setup {
-            budget: token_budget(model, req),
-            stop_ids: &req.stop_ids,
-            keep_rows: req.top_logprobs > 0,
-            prefill_step: step,
-            vocab: model.info().vocab_size,
-            sampling: req.sampling,
-            start,
-            device: model.device(),
-            kernels: req.kernels,
-        };
+        let mut rows = Vec::new();
         let d = speculative::decode(
             drafter,
             &mut state,
             &req.prompt_ids,
             opts,
-            setup,
-            &mut on_token,
+            speculative_setup(model, req, start),
+            &mut |tok, row| {
+                if req.top_logprobs > 0 {
+                    rows.push(row.clone());
+                }
+                on_token(tok)
+            },
         )?;
         let top = match req.top_logprobs {
             0 => None,
             k => Some(
-                d.rows
-                    .iter()
+                rows.iter()
                     .map(|row| top_logprobs(model, row, k))
                     .collect::<Result<Vec<_>>>()?,
             ),
@@ -368,6 +358,26 @@ pub fn generate(
         ));
     }
     continue_plain(model, req, &mut state, |_| {}, on_token)
+}
+
+/// What speculative decoding needs of `req` besides its MTP options; `start` is when the
+/// prompt entered the engine.
+pub(crate) fn speculative_setup<'r>(
+    model: &dyn CausalLm,
+    req: &'r GenerateRequest,
+    start: Instant,
+) -> speculative::Setup<'r> {
+    speculative::Setup {
+        budget: token_budget(model, req),
+        stop_ids: &req.stop_ids,
+        keep_rows: req.top_logprobs > 0,
+        prefill_step: req.prefill_step.unwrap_or(req.prompt_ids.len()),
+        vocab: model.info().vocab_size,
+        sampling: req.sampling,
+        start,
+        device: model.device(),
+        kernels: req.kernels,
+    }
 }
 
 /// Plain decoding of `req` on a `state` that has already seen `req.prompt_ids[..state.pos]`
@@ -419,6 +429,31 @@ pub(crate) fn continue_plain(
         d.top,
         None,
     ))
+}
+
+/// The log-prob of `tok` in one logits row: from `best` (the row's best pairs) when it is
+/// there, else from the whole row.
+fn chosen_logprob(
+    model: &dyn CausalLm,
+    logits: &kernels::Tensor,
+    tok: u32,
+    best: &[(u32, f32)],
+) -> Result<f32> {
+    match best.iter().find(|e| e.0 == tok) {
+        Some(&(_, lp)) => Ok(lp),
+        None => token_logprob(model, logits, tok),
+    }
+}
+
+/// A generated token's log-prob and the best `k` pairs of the logits row it came from.
+pub(crate) fn logprobs_of(
+    model: &dyn CausalLm,
+    logits: &kernels::Tensor,
+    tok: u32,
+    k: usize,
+) -> Result<(f32, Vec<(u32, f32)>)> {
+    let best = top_logprobs(model, logits, k)?;
+    Ok((chosen_logprob(model, logits, tok, &best)?, best))
 }
 
 /// The log-prob of `tok` in one logits row `[1, V]`.

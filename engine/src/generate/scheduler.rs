@@ -10,6 +10,11 @@
 //! state that prefix leaves (see [`super::prefix`]), and each sequence samples with its own
 //! sampler.
 //!
+//! A request with speculative decoding (`mtp`) runs its own rounds at each boundary (a plain
+//! step, or drafts and their verification: one or more tokens), beside the batch's forward:
+//! it starts from a fresh state, since the draft head's cache is not kept with cached
+//! prefixes, and its state is not offered for reuse.
+//!
 //! Memory is bounded before a sequence joins. With paged KV all sequences share one pool per
 //! layer, and a sequence joins only when the pool can hold its whole prompt and budget on top
 //! of what the running ones may still claim. With flat KV an optional byte budget plays the
@@ -22,7 +27,8 @@ use anyhow::{anyhow, bail, Result};
 use kernels::Tensor;
 
 use super::prefix::{Cached, PrefixCache};
-use super::{finished, state_in, token_budget, validate, Decoding};
+use super::speculative::Speculator;
+use super::{finished, speculative_setup, state_in, token_budget, validate, Decoding};
 use super::{FinishReason, GenerateOutput, GenerateRequest};
 use crate::cache::{KvPool, ModelState, StateMark};
 use crate::models::CausalLm;
@@ -82,13 +88,24 @@ pub enum Room {
     Never,
 }
 
+/// Where a running sequence's next token comes from.
+enum Next {
+    /// These logits (plain decoding, one token per step in the batch's forward).
+    Logits(Tensor),
+    /// Its own speculative round.
+    Speculative(Box<Speculator>),
+}
+
 struct Running {
     id: SeqId,
     req: GenerateRequest,
     state: ModelState,
     decoding: Decoding,
-    /// The logits its next token comes from.
-    logits: Tensor,
+    next: Next,
+    /// Its token is in this step's batched forward.
+    in_step: bool,
+    /// Why it ended during the batched forward (a speculative sequence's plain step).
+    ended: Option<Result<FinishReason>>,
     /// The state after the prompt's prefill (kept with the state in the prefix cache).
     boundary: StateMark,
     cached_prompt_tokens: usize,
@@ -114,6 +131,8 @@ pub struct Scheduler<'m> {
     reserved: usize,
     cache: PrefixCache,
     kv_per_position: usize,
+    /// The draft head's KV bytes per position (0 without a head).
+    draft_kv_per_position: usize,
 }
 
 impl<'m> Scheduler<'m> {
@@ -131,6 +150,9 @@ impl<'m> Scheduler<'m> {
             reserved: 0,
             cache: PrefixCache::new(opts.prefix_cache),
             kv_per_position: model.new_state().kv_bytes_per_position(),
+            draft_kv_per_position: model
+                .drafter()
+                .map_or(0, |d| d.new_draft_state().kv_bytes_per_position()),
         })
     }
 
@@ -162,14 +184,22 @@ impl<'m> Scheduler<'m> {
         self.cache.len()
     }
 
-    /// What `req` reserves: pool blocks per layer (paged), or bytes of flat KV under a budget.
+    /// What `req` reserves: pool blocks per layer (paged), or bytes of flat KV under a budget
+    /// (the draft head's flat cache included with `mtp`; with paged KV the head's one layer
+    /// stays outside the pool).
     fn need(&self, req: &GenerateRequest) -> usize {
         let positions = req.prompt_ids.len() + token_budget(self.model, req);
         match &self.pool {
             Some(p) => positions.div_ceil(p.block_size),
             None if self.opts.kv_budget.is_some() => {
+                let per_position = self.kv_per_position
+                    + if req.mtp.is_some() {
+                        self.draft_kv_per_position
+                    } else {
+                        0
+                    };
                 // A flat cache grows by doubling from 64 slots: at most twice what it holds.
-                self.kv_per_position * (2 * positions).max(64)
+                per_position * (2 * positions).max(64)
             }
             None => 0,
         }
@@ -215,19 +245,25 @@ impl<'m> Scheduler<'m> {
     /// prefix. An error leaves the batch as it was.
     pub fn join(&mut self, id: SeqId, req: GenerateRequest) -> Result<usize> {
         validate(self.model, &req)?;
-        if req.mtp.is_some() {
-            bail!("speculative decoding (mtp) does not run in a batch");
-        }
         let start = Instant::now();
-        let (mut state, cached) = match self.cache.resume(&req) {
-            Some(hit) => hit,
-            None => (
-                state_in(self.model, &req, self.pool.as_ref().map(|p| &p.pool))?,
-                0,
-            ),
+        let pool = self.pool.as_ref().map(|p| &p.pool);
+        let (state, cached, next) = match (&req.mtp, self.model.drafter()) {
+            (Some(opts), Some(drafter)) => {
+                let mut state = state_in(self.model, &req, pool)?;
+                let setup = speculative_setup(self.model, &req, start);
+                let spec = Speculator::start(drafter, &mut state, &req.prompt_ids, opts, &setup)?;
+                (state, 0, Next::Speculative(Box::new(spec)))
+            }
+            _ => {
+                let (mut state, cached) = match self.cache.resume(&req) {
+                    Some(hit) => hit,
+                    None => (state_in(self.model, &req, pool)?, 0),
+                };
+                let rest = &req.prompt_ids[state.pos..];
+                let logits = super::prefill(self.model, rest, &mut state, req.prefill_step)?;
+                (state, cached, Next::Logits(logits))
+            }
         };
-        let rest = &req.prompt_ids[state.pos..];
-        let logits = super::prefill(self.model, rest, &mut state, req.prefill_step)?;
         let boundary = state.mark();
         let need = self.need(&req);
         self.reserved += need;
@@ -237,7 +273,9 @@ impl<'m> Scheduler<'m> {
             decoding: Decoding::new(&req, budget),
             req,
             state,
-            logits,
+            next,
+            in_step: false,
+            ended: None,
             boundary,
             cached_prompt_tokens: cached,
             ttft: start.elapsed().as_secs_f64(),
@@ -260,43 +298,63 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// One token boundary: every running sequence picks its next token (`on` sees it, or the
-    /// sequence's end), then those still running decode it together.
+    /// One token boundary. Every running sequence picks its next token from its logits (`on`
+    /// sees it, or the sequence's end), and a speculative one runs its own round, unless that
+    /// round is a plain step while others run: then it joins the batch. The sequences still
+    /// running then decode their tokens in one forward.
     pub fn step(&mut self, mut on: impl FnMut(SeqId, Update)) {
-        let mut next = Vec::with_capacity(self.running.len());
+        let batched = self.running.len() > 1;
+        let mut tokens = Vec::with_capacity(self.running.len());
         let mut r = 0;
         while r < self.running.len() {
             let seq = &mut self.running[r];
-            let picked = seq
-                .decoding
-                .next(self.model, &seq.req, &seq.logits, seq.state.pos);
-            let done = match picked {
-                Ok(Ok(tok)) => {
-                    let d = &seq.decoding;
-                    let logprobs = d.top.as_ref().and_then(|top| {
-                        Some(TokenLogprobs {
-                            logprob: d.chosen?,
-                            top: top.last()?.clone(),
-                        })
-                    });
-                    on(
-                        seq.id,
-                        Update::Token {
-                            token: tok,
-                            logprobs,
-                        },
-                    );
-                    if seq.decoding.tokens.len() == seq.decoding.budget {
-                        Some(Ok(FinishReason::Length))
-                    } else {
-                        next.push(tok);
-                        None
+            seq.in_step = false;
+            let ended = match &mut seq.next {
+                Next::Logits(logits) => {
+                    let picked = seq
+                        .decoding
+                        .next(self.model, &seq.req, logits, seq.state.pos);
+                    match picked {
+                        Ok(Ok(tok)) => {
+                            let d = &seq.decoding;
+                            let logprobs = d.top.as_ref().and_then(|top| {
+                                Some(TokenLogprobs {
+                                    logprob: d.chosen?,
+                                    top: top.last()?.clone(),
+                                })
+                            });
+                            on(
+                                seq.id,
+                                Update::Token {
+                                    token: tok,
+                                    logprobs,
+                                },
+                            );
+                            if seq.decoding.tokens.len() == seq.decoding.budget {
+                                Some(Ok(FinishReason::Length))
+                            } else {
+                                tokens.push(tok);
+                                seq.in_step = true;
+                                None
+                            }
+                        }
+                        Ok(Err(reason)) => Some(Ok(reason)),
+                        Err(e) => Some(Err(e)),
                     }
                 }
-                Ok(Err(reason)) => Some(Ok(reason)),
-                Err(e) => Some(Err(e)),
+                Next::Speculative(spec) => {
+                    let budget = seq.decoding.budget;
+                    match batched.then(|| spec.plain_next(budget)).flatten() {
+                        Some(x) => {
+                            tokens.push(x);
+                            seq.in_step = true;
+                            None
+                        }
+                        None => speculative(self.model, seq, &mut on, None).transpose(),
+                    }
+                }
             };
-            match done {
+            match ended {
                 None => r += 1,
                 Some(result) => {
                     let seq = self.running.remove(r);
@@ -306,36 +364,64 @@ impl<'m> Scheduler<'m> {
                 }
             }
         }
-        if self.running.is_empty() {
-            return;
-        }
-        let model = self.model;
-        let settings = self.running[0].state.kernels;
-        let mut states: Vec<&mut ModelState> =
-            self.running.iter_mut().map(|s| &mut s.state).collect();
-        let n = states.len();
-        let rows = kernels::run(model.device(), settings, || {
-            model.decode_batch(&next, &mut states)
-        })
-        .and_then(|logits| {
-            (0..n)
-                .map(|i| Ok(logits.narrow0(i, 1)?))
-                .collect::<Result<Vec<_>>>()
-        });
-        match rows {
-            Ok(rows) => {
-                for (seq, row) in self.running.iter_mut().zip(rows) {
-                    seq.logits = row;
-                }
+        if let Err(e) = self.forward(&tokens, &mut on) {
+            // The batch's forward failed: every sequence in it fails with the same cause.
+            for seq in std::mem::take(&mut self.running) {
+                self.reserved -= seq.reserved;
+                on(seq.id, Update::Failed(anyhow!("{e:#}")));
             }
-            Err(e) => {
-                // The batch's forward failed: every sequence in it fails with the same cause.
-                for seq in std::mem::take(&mut self.running) {
+        }
+        // Speculative sequences whose batched plain step ended them leave.
+        let mut r = 0;
+        while r < self.running.len() {
+            match self.running[r].ended.take() {
+                None => r += 1,
+                Some(result) => {
+                    let seq = self.running.remove(r);
                     self.reserved -= seq.reserved;
-                    on(seq.id, Update::Failed(anyhow!("{e:#}")));
+                    let id = seq.id;
+                    on(id, self.leave(seq, result));
                 }
             }
         }
+    }
+
+    /// The batch's forward of `tokens`, one per sequence marked `in_step`: plain sequences
+    /// keep their logits row, speculative ones finish their plain step with it (and their
+    /// hidden row), recording in `ended` why they end.
+    fn forward(&mut self, tokens: &[u32], on: &mut impl FnMut(SeqId, Update)) -> Result<()> {
+        let model = self.model;
+        let mut members: Vec<&mut Running> =
+            self.running.iter_mut().filter(|s| s.in_step).collect();
+        let Some(first) = members.first() else {
+            return Ok(());
+        };
+        let settings = first.state.kernels;
+        let drafter = members
+            .iter()
+            .any(|s| matches!(s.next, Next::Speculative(_)))
+            .then(|| model.drafter())
+            .flatten();
+        let mut states: Vec<&mut ModelState> = members.iter_mut().map(|s| &mut s.state).collect();
+        let (logits, hidden) = kernels::run(model.device(), settings, || match drafter {
+            Some(d) => d
+                .decode_batch_hidden(tokens, &mut states)
+                .map(|(l, h)| (l, Some(h))),
+            None => model.decode_batch(tokens, &mut states).map(|l| (l, None)),
+        })?;
+        for (i, seq) in members.into_iter().enumerate() {
+            let row = logits.narrow0(i, 1)?;
+            if let Next::Logits(l) = &mut seq.next {
+                *l = row;
+                continue;
+            }
+            let h = match &hidden {
+                Some(h) => h.narrow0(i, 1)?,
+                None => bail!("internal: a speculative sequence's step without its hidden row"),
+            };
+            seq.ended = speculative(model, seq, on, Some((row, h))).transpose();
+        }
+        Ok(())
     }
 
     /// The update for a sequence that left, keeping its state for prefix reuse.
@@ -345,6 +431,10 @@ impl<'m> Scheduler<'m> {
             Err(e) => return Update::Failed(e),
         };
         let decode_secs = seq.decode_start.elapsed().as_secs_f64();
+        let (mtp, plain) = match seq.next {
+            Next::Speculative(spec) => (Some(spec.finish().stats), false),
+            Next::Logits(_) => (None, true),
+        };
         let output = finished(
             &seq.req,
             seq.decoding.tokens,
@@ -352,9 +442,9 @@ impl<'m> Scheduler<'m> {
             (seq.ttft, decode_secs),
             seq.state.kv_bytes(),
             seq.decoding.top,
-            None,
+            mtp,
         );
-        if self.pool.is_none() {
+        if self.pool.is_none() && plain {
             self.cache.insert(Cached::new(
                 &seq.req,
                 &output.tokens,
@@ -366,5 +456,61 @@ impl<'m> Scheduler<'m> {
             output,
             cached_prompt_tokens: seq.cached_prompt_tokens,
         }))
+    }
+}
+
+/// Advances speculative sequence `seq` (its tokens recorded in its `decoding` and passed to
+/// `on`): its own round, or with `rows` (logits and hidden row of the batch's forward) the
+/// plain step it announced. Why it ended, when it has.
+fn speculative(
+    model: &dyn CausalLm,
+    seq: &mut Running,
+    on: &mut impl FnMut(SeqId, Update),
+    rows: Option<(Tensor, Tensor)>,
+) -> Result<Option<FinishReason>> {
+    let Running {
+        id,
+        req,
+        state,
+        decoding: d,
+        next: Next::Speculative(spec),
+        decode_start,
+        ..
+    } = seq
+    else {
+        bail!("internal: a plain sequence in a speculative round");
+    };
+    let drafter = model
+        .drafter()
+        .ok_or_else(|| anyhow!("internal: a speculative sequence on a model without a head"))?;
+    let setup = speculative_setup(model, req, *decode_start);
+    let (id, k) = (*id, req.top_logprobs);
+    let mut failed = None;
+    let mut emit = |token: u32, row: &Tensor| {
+        let logprobs = match (k, &mut d.top) {
+            (0, _) | (_, None) => None,
+            (k, Some(top)) => match super::logprobs_of(model, row, token, k) {
+                Ok((logprob, best)) => {
+                    top.push(best.clone());
+                    Some(TokenLogprobs { logprob, top: best })
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    None
+                }
+            },
+        };
+        d.tokens.push(token);
+        on(id, Update::Token { token, logprobs });
+    };
+    let more = match rows {
+        None => spec.round(drafter, state, &setup, &mut emit)?,
+        Some(rows) => spec.plain_rows(drafter, state, &setup, &mut emit, rows)?,
+    };
+    match failed {
+        Some(e) => Err(e),
+        None if more => Ok(None),
+        None if spec.stopped() => Ok(Some(FinishReason::Stop)),
+        None => Ok(Some(FinishReason::Length)),
     }
 }

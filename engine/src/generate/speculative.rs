@@ -23,6 +23,7 @@ use kernels::{ops, Tensor};
 use kernels::{run, Settings};
 
 use super::sampler::{Dist, Sampler, SamplingParams};
+use crate::cache::ModelState;
 use crate::models::SelfDrafter;
 
 /// Options of speculative decoding.
@@ -143,21 +144,22 @@ impl Pace {
     }
 }
 
-/// The first token (from prefill) and everything after it, as [`super::generate`] needs it.
-pub(super) struct Decoded {
+/// What speculative decoding produced: the first token (from prefill) and everything after it.
+pub(crate) struct Decoded {
     pub tokens: Vec<u32>,
+    /// It ended on a stop token (else on the budget).
     pub stopped: bool,
-    /// The logits row each token was chosen from, when the caller records log-probs.
-    pub rows: Vec<Tensor>,
     pub stats: MtpStats,
     /// Seconds from `Setup::start` to the first token's logits.
     pub ttft: f64,
 }
 
-/// Everything the loop needs besides the model.
-pub(super) struct Setup<'a> {
+/// Everything a round needs besides the model and the state.
+pub(crate) struct Setup<'a> {
     pub budget: usize,
     pub stop_ids: &'a [u32],
+    /// Whether the caller reads each token's own logits row (for log-probs): a verification's
+    /// rows are then cut apart for it.
     pub keep_rows: bool,
     pub prefill_step: usize,
     pub vocab: usize,
@@ -171,128 +173,325 @@ pub(super) struct Setup<'a> {
     pub kernels: Settings,
 }
 
-/// The speculative loop from an empty `state` (greedy, or sampled by [`accept_sampled`]); `on_token` sees every emitted token.
-pub(super) fn decode(
+/// Where a [`Speculator`] stands between rounds.
+enum Phase {
+    /// Prefilled: the prompt's last logits and hidden row wait for the first token.
+    First {
+        logits: Tensor,
+        hidden: Tensor,
+    },
+    /// `x`, the last emitted token, is not fed yet; the head's prediction of the token after
+    /// it (`pending`, with the hidden state it chains on) waits for the next round.
+    Next {
+        x: u32,
+        pending: Tensor,
+        pending_hidden: Tensor,
+    },
+    Done,
+}
+
+/// One sequence's speculative decoding as a state machine, so that a caller can interleave it
+/// with other work at token boundaries (the batch scheduler): [`Speculator::start`]
+/// prefills, each [`Speculator::round`] emits the next one or more tokens (a plain step, or a
+/// drafting round and its verification), [`Speculator::finish`] gives the result.
+pub(crate) struct Speculator {
+    opts: MtpOptions,
+    draft_state: ModelState,
+    sampler: Option<Sampler>,
+    pace: Pace,
+    /// For each draft position, the rounds that drafted it.
+    reached: Vec<usize>,
+    /// The next round's depth when [`Speculator::plain_next`] has asked [`Pace`] already
+    /// (`Some(None)`: a plain step).
+    decided: Option<Option<usize>>,
+    phase: Phase,
+    out: Decoded,
+}
+
+/// The speculative loop from an empty `state` (greedy, or sampled by [`accept_sampled`]);
+/// `on_token` sees every emitted token with the logits row it came from.
+pub(crate) fn decode(
     drafter: &dyn SelfDrafter,
-    state: &mut crate::cache::ModelState,
+    state: &mut ModelState,
     prompt: &[u32],
     opts: &MtpOptions,
     setup: Setup,
-    on_token: &mut dyn FnMut(u32),
+    on_token: &mut dyn FnMut(u32, &Tensor),
 ) -> Result<Decoded> {
-    // `generate::validate` checked the depth (1..=4) and that the model has a head.
-    let d = opts.depth;
-    let mut out = Decoded {
-        tokens: Vec::new(),
-        stopped: false,
-        rows: Vec::new(),
-        ttft: 0.0,
-        stats: MtpStats {
-            depth: d,
-            per_position_acceptance: vec![0.0; d],
-            ..MtpStats::default()
-        },
-    };
-    let mut draft_state = drafter.new_draft_state();
-    draft_state.gdn_path = state.gdn_path;
+    let mut s = Speculator::start(drafter, state, prompt, opts, &setup)?;
+    while s.round(drafter, state, &setup, on_token)? {}
+    Ok(s.finish())
+}
 
-    // Prefill, feeding the head each piece's pairs (token at t + 1, hidden at t) as soon as the
-    // token at t + 1 is known; the last pair waits for the first generated token.
-    let mut logits = None;
-    let mut last_hidden = None;
-    let mut at = 0;
-    for piece in prompt.chunks(setup.prefill_step) {
-        let (l, h) = run(setup.device, setup.kernels, || {
-            drafter.forward_hidden(piece, state, false)
-        })?;
-        let end = at + piece.len();
-        let next = &prompt[at + 1..end.min(prompt.len() - 1) + 1];
-        let known = next.len().min(piece.len());
-        if known > 0 {
-            let rows = h.narrow0(0, known)?;
-            draft(
-                &setup,
-                drafter,
-                (&next[..known], &rows),
-                &mut draft_state,
-                false,
-            )?;
-        }
-        last_hidden = Some(h.narrow0(h.dim(0) - 1, 1)?);
-        logits = Some(l);
-        at = end;
-    }
-    let (logits, mut hidden) = (
-        logits.expect("prompt is non-empty"),
-        last_hidden.expect("prompt is non-empty"),
-    );
-    out.ttft = setup.start.elapsed().as_secs_f64();
-    // Sampling draws in the order plain decoding does for the first token, so a seed's first
-    // token is the same with and without MTP.
-    let mut sampler = (setup.sampling.temperature > 0.0).then(|| Sampler::new(setup.sampling));
-    super::check_finite(&logits, state.pos)?;
-    let mut x = match sampler.as_mut() {
-        Some(s) => s.sample(&logits)?,
-        None => ops::argmax(&logits)?[0],
-    };
-    if !emit(&mut out, x, &logits, &setup, on_token) {
-        return Ok(finish(out, &[]));
-    }
-    // The head's pair for the prompt's last position drafts the token after `x`.
-    let (pending, mut pending_hidden) =
-        draft(&setup, drafter, (&[x], &hidden), &mut draft_state, true)?;
-    let mut pending = pending.expect("asked for logits");
-    let mut pace = Pace::new(d);
-    let mut reached = vec![0usize; d];
-
-    while out.tokens.len() < setup.budget {
-        let left = setup.budget - out.tokens.len();
-        let Some(depth) = pace.next() else {
-            // A plain step; the head still takes its pair so its cache stays in step, and
-            // computes its logits when the next step drafts.
-            let (logits, h) = run(setup.device, setup.kernels, || {
-                drafter.forward_hidden(&[x], state, false)
+impl Speculator {
+    /// Prefills `prompt` into the empty `state`, feeding the head each piece's pairs (token at
+    /// t + 1, hidden at t) as soon as the token at t + 1 is known; the last pair waits for the
+    /// first generated token, which the first round picks.
+    pub fn start(
+        drafter: &dyn SelfDrafter,
+        state: &mut ModelState,
+        prompt: &[u32],
+        opts: &MtpOptions,
+        setup: &Setup,
+    ) -> Result<Speculator> {
+        // `generate::validate` checked the depth (1..=4) and that the model has a head.
+        let d = opts.depth;
+        let mut draft_state = drafter.new_draft_state();
+        draft_state.gdn_path = state.gdn_path;
+        let mut logits = None;
+        let mut last_hidden = None;
+        let mut at = 0;
+        for piece in prompt.chunks(setup.prefill_step.max(1)) {
+            let (l, h) = run(setup.device, setup.kernels, || {
+                drafter.forward_hidden(piece, state, false)
             })?;
-            super::check_finite(&logits, state.pos)?;
-            let t = match sampler.as_mut() {
-                Some(s) => s.sample(&logits)?,
-                None => ops::argmax(&logits)?[0],
-            };
-            out.stats.plain_steps += 1;
-            if !emit(&mut out, t, &logits, &setup, on_token) {
-                return Ok(finish(out, &reached));
+            let end = at + piece.len();
+            let next = &prompt[at + 1..end.min(prompt.len() - 1) + 1];
+            let known = next.len().min(piece.len());
+            if known > 0 {
+                let rows = h.narrow0(0, known)?;
+                draft(
+                    setup,
+                    drafter,
+                    (&next[..known], &rows),
+                    &mut draft_state,
+                    false,
+                )?;
             }
-            let wants = pace.drafts_next();
-            let (l, head_h) = draft(&setup, drafter, (&[t], &h), &mut draft_state, wants)?;
-            if let Some(l) = l {
-                pending = l;
-            }
-            pending_hidden = head_h;
-            x = t;
-            continue;
+            last_hidden = Some(h.narrow0(h.dim(0) - 1, 1)?);
+            logits = Some(l);
+            at = end;
+        }
+        let (Some(logits), Some(hidden)) = (logits, last_hidden) else {
+            anyhow::bail!("speculative decoding needs a non-empty prompt");
         };
+        Ok(Speculator {
+            opts: opts.clone(),
+            draft_state,
+            // Sampling draws in the order plain decoding does for the first token, so a
+            // seed's first token is the same with and without MTP.
+            sampler: (setup.sampling.temperature > 0.0).then(|| Sampler::new(setup.sampling)),
+            pace: Pace::new(d),
+            reached: vec![0; d],
+            decided: None,
+            phase: Phase::First { logits, hidden },
+            out: Decoded {
+                tokens: Vec::new(),
+                stopped: false,
+                ttft: setup.start.elapsed().as_secs_f64(),
+                stats: MtpStats {
+                    depth: d,
+                    per_position_acceptance: vec![0.0; d],
+                    ..MtpStats::default()
+                },
+            },
+        })
+    }
+
+    /// Whether the last round ended on a stop token.
+    pub fn stopped(&self) -> bool {
+        self.out.stopped
+    }
+
+    /// The next one or more tokens, each passed to `on_token` with its logits row. False when
+    /// the sequence has ended (a stop token, or the budget reached).
+    pub fn round(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &mut ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+    ) -> Result<bool> {
+        let next = match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Done => return Ok(false),
+            Phase::First { logits, hidden } => {
+                self.first(drafter, state, setup, on_token, (logits, hidden))?
+            }
+            Phase::Next {
+                x,
+                pending,
+                pending_hidden,
+            } => {
+                if self.out.tokens.len() >= setup.budget {
+                    None
+                } else {
+                    match self.decided.take().unwrap_or_else(|| self.pace.next()) {
+                        None => {
+                            let rows = run(setup.device, setup.kernels, || {
+                                drafter.forward_hidden(&[x], state, false)
+                            })?;
+                            self.plain(drafter, state, setup, on_token, rows)?
+                        }
+                        Some(depth) => self.verify(
+                            drafter,
+                            state,
+                            setup,
+                            on_token,
+                            (x, depth),
+                            (&pending, &pending_hidden),
+                        )?,
+                    }
+                    .map(|(x, p, h)| (x, p.unwrap_or(pending), h))
+                }
+            }
+        };
+        match next {
+            Some((x, pending, pending_hidden)) => {
+                self.phase = Phase::Next {
+                    x,
+                    pending,
+                    pending_hidden,
+                };
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// When the next round is a plain step (as [`Pace`] decides from this sequence's own
+    /// acceptance, so the tokens do not depend on what runs beside it), the token its forward
+    /// feeds: the caller runs that forward (in a batch, [`SelfDrafter::decode_batch_hidden`])
+    /// and passes its rows to [`Speculator::plain_rows`]. `None`: the next round runs whole in
+    /// [`Speculator::round`].
+    pub fn plain_next(&mut self, budget: usize) -> Option<u32> {
+        let Phase::Next { x, .. } = self.phase else {
+            return None;
+        };
+        if self.out.tokens.len() >= budget {
+            return None;
+        }
+        let depth = *self.decided.get_or_insert_with(|| self.pace.next());
+        depth.is_none().then_some(x)
+    }
+
+    /// The plain step [`Speculator::plain_next`] announced, from the logits and hidden row of
+    /// its forward; false when the sequence has ended.
+    pub fn plain_rows(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+        rows: (Tensor, Tensor),
+    ) -> Result<bool> {
+        let (Some(None), Phase::Next { pending, .. }) = (
+            self.decided.take(),
+            std::mem::replace(&mut self.phase, Phase::Done),
+        ) else {
+            anyhow::bail!("internal: a plain step's rows without a plain step announced");
+        };
+        Ok(match self.plain(drafter, state, setup, on_token, rows)? {
+            Some((x, p, pending_hidden)) => {
+                self.phase = Phase::Next {
+                    x,
+                    pending: p.unwrap_or(pending),
+                    pending_hidden,
+                };
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// The result, with the acceptance rates.
+    pub fn finish(self) -> Decoded {
+        finish(self.out, &self.reached)
+    }
+
+    /// The first token, from the prompt's logits; the head's pair for the prompt's last
+    /// position then drafts the token after it.
+    fn first(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+        (logits, hidden): (Tensor, Tensor),
+    ) -> Result<Option<(u32, Tensor, Tensor)>> {
+        super::check_finite(&logits, state.pos)?;
+        let x = self.pick(&logits)?;
+        if !emit(&mut self.out, x, &logits, setup, on_token) {
+            return Ok(None);
+        }
+        let (pending, pending_hidden) =
+            draft(setup, drafter, (&[x], &hidden), &mut self.draft_state, true)?;
+        Ok(Some((
+            x,
+            pending.expect("asked for logits"),
+            pending_hidden,
+        )))
+    }
+
+    fn pick(&mut self, logits: &Tensor) -> Result<u32> {
+        Ok(match self.sampler.as_mut() {
+            Some(s) => s.sample(logits)?,
+            None => ops::argmax(logits)?[0],
+        })
+    }
+
+    /// A plain step from its forward's logits and hidden row: the head still takes its pair
+    /// so its cache stays in step, and computes its logits when the next round drafts.
+    /// Returns the next phase's (x, new pending logits if computed, pending hidden), or `None`
+    /// at the end.
+    fn plain(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+        (logits, h): (Tensor, Tensor),
+    ) -> Result<Option<(u32, Option<Tensor>, Tensor)>> {
+        super::check_finite(&logits, state.pos)?;
+        let t = self.pick(&logits)?;
+        self.out.stats.plain_steps += 1;
+        if !emit(&mut self.out, t, &logits, setup, on_token) {
+            return Ok(None);
+        }
+        let wants = self.pace.drafts_next();
+        let (l, head_h) = draft(setup, drafter, (&[t], &h), &mut self.draft_state, wants)?;
+        Ok(Some((t, l, head_h)))
+    }
+
+    /// A drafting round: up to `depth` drafts, one verification forward over `[x, drafts]`,
+    /// the agreeing drafts and the model's own next token emitted, the state back at the last
+    /// kept position.
+    fn verify(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &mut ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+        (x, depth): (u32, usize),
+        (pending, pending_hidden): (&Tensor, &Tensor),
+    ) -> Result<Option<(u32, Option<Tensor>, Tensor)>> {
         // No draft past the budget: the last token of a round is the main model's own.
+        let left = setup.budget - self.out.tokens.len();
         let depth = depth.min(left.saturating_sub(1)).max(1);
         let (drafts, dists) = draft_round(
-            &setup,
+            setup,
             drafter,
-            &mut draft_state,
+            &mut self.draft_state,
             depth,
-            (&pending, &pending_hidden),
-            sampler.as_mut(),
+            (pending, pending_hidden),
+            self.sampler.as_mut(),
         )?;
-        let (drafts, dists) = force(opts, (drafts, dists), out.tokens.len(), setup.vocab);
+        let (drafts, dists) = force(
+            &self.opts,
+            (drafts, dists),
+            self.out.tokens.len(),
+            setup.vocab,
+        );
 
         let before = state.mark();
         state.record_steps();
         let mut ids = Vec::with_capacity(depth + 1);
         ids.push(x);
         ids.extend(&drafts);
-        let (verify, verify_hidden) = run(setup.device, setup.kernels, || {
+        let (verify, mut hidden) = run(setup.device, setup.kernels, || {
             drafter.forward_hidden(&ids, state, true)
         })?;
         super::check_finite(&verify, state.pos)?;
-        let (kept, correction) = match sampler.as_mut() {
+        let (kept, correction) = match self.sampler.as_mut() {
             None => {
                 let best = ops::argmax(&verify)?;
                 let kept = drafts.iter().zip(&best).take_while(|(a, b)| a == b).count();
@@ -300,18 +499,17 @@ pub(super) fn decode(
             }
             Some(s) => accept_sampled(s, &verify, &drafts, &dists)?,
         };
-        pace.verified(depth, kept);
-        let st = &mut out.stats;
+        self.pace.verified(depth, kept);
+        let st = &mut self.out.stats;
         st.rounds += 1;
         st.drafted += depth;
         st.accepted += kept;
-        for r in reached.iter_mut().take(depth) {
+        for r in self.reached.iter_mut().take(depth) {
             *r += 1;
         }
         for p in st.per_position_acceptance.iter_mut().take(kept) {
             *p += 1.0;
         }
-        hidden = verify_hidden;
         // Back to the last kept position: from the recorded states, or (where a layer could
         // not record) to `x` and the kept tokens again. With every draft kept the state
         // already stands there.
@@ -321,9 +519,9 @@ pub(super) fn decode(
                 drafter.forward_hidden(&ids[..kept + 1], state, false)
             })?;
             hidden = h;
-            out.stats.replays += 1;
+            self.out.stats.replays += 1;
         } else if kept < depth {
-            out.stats.rollbacks += 1;
+            self.out.stats.rollbacks += 1;
         }
         for (i, &t) in drafts[..kept].iter().chain([&correction]).enumerate() {
             let row = if setup.keep_rows {
@@ -331,8 +529,8 @@ pub(super) fn decode(
             } else {
                 verify.clone()
             };
-            if !emit(&mut out, t, &row, &setup, on_token) {
-                return Ok(finish(out, &reached));
+            if !emit(&mut self.out, t, &row, setup, on_token) {
+                return Ok(None);
             }
         }
         // The head's pairs for the positions the main model just settled: (token at t + 1,
@@ -341,19 +539,14 @@ pub(super) fn decode(
         next.push(correction);
         let rows = hidden.narrow0(0, kept + 1)?;
         let (l, h) = draft(
-            &setup,
+            setup,
             drafter,
             (&next, &rows),
-            &mut draft_state,
-            pace.drafts_next(),
+            &mut self.draft_state,
+            self.pace.drafts_next(),
         )?;
-        if let Some(l) = l {
-            pending = l;
-        }
-        pending_hidden = h.narrow0(kept, 1)?;
-        x = correction;
+        Ok(Some((correction, l, h.narrow0(kept, 1)?)))
     }
-    Ok(finish(out, &reached))
 }
 
 /// One run of the draft head (see [`SelfDrafter::draft`]) with the sequence's kernel settings.
@@ -361,7 +554,7 @@ fn draft(
     setup: &Setup,
     drafter: &dyn SelfDrafter,
     (ids, hidden): (&[u32], &Tensor),
-    state: &mut crate::cache::ModelState,
+    state: &mut ModelState,
     logits: bool,
 ) -> Result<(Option<Tensor>, Tensor)> {
     run(setup.device, setup.kernels, || {
@@ -375,7 +568,7 @@ fn draft(
 fn draft_round(
     setup: &Setup,
     drafter: &dyn SelfDrafter,
-    state: &mut crate::cache::ModelState,
+    state: &mut ModelState,
     depth: usize,
     (pending, pending_hidden): (&Tensor, &Tensor),
     mut sampler: Option<&mut Sampler>,
@@ -466,17 +659,14 @@ fn emit(
     t: u32,
     row: &Tensor,
     setup: &Setup,
-    on_token: &mut dyn FnMut(u32),
+    on_token: &mut dyn FnMut(u32, &Tensor),
 ) -> bool {
     if setup.stop_ids.contains(&t) {
         out.stopped = true;
         return false;
     }
     out.tokens.push(t);
-    if setup.keep_rows {
-        out.rows.push(row.clone());
-    }
-    on_token(t);
+    on_token(t, row);
     out.tokens.len() < setup.budget
 }
 

@@ -271,6 +271,34 @@ impl Decoder {
         if !self.batches(ids, states) {
             return decode_each(ids, states, |id, s| self.forward(&[id], s, false));
         }
+        let x = self.batch_rows(ids, states)?;
+        head::logits_rows(&x, &self.norm, &self.lm_head, self.tail)
+    }
+
+    /// [`Decoder::decode_batch`] that also gives each row's hidden state after the final norm
+    /// (`[N, H]`, what a draft head reads); where the rows cannot run together, `each` runs
+    /// one sequence's token and gives its logits and hidden row.
+    pub fn decode_batch_hidden(
+        &self,
+        ids: &[u32],
+        states: &mut [&mut ModelState],
+        mut each: impl FnMut(u32, &mut ModelState) -> Result<(Tensor, Tensor)>,
+    ) -> Result<(Tensor, Tensor)> {
+        if !self.batches(ids, states) {
+            let mut hidden = Vec::with_capacity(ids.len());
+            let logits = decode_each(ids, states, |id, s| {
+                let (logits, h) = each(id, s)?;
+                hidden.push(h);
+                Ok(logits)
+            })?;
+            return Ok((logits, Tensor::cat0(&hidden.iter().collect::<Vec<_>>())?));
+        }
+        let x = self.batch_rows(ids, states)?;
+        head::logits_rows_hidden(&x, &self.norm, &self.lm_head, self.tail)
+    }
+
+    /// The batched decode step up to the final norm: row `i` is sequence `i`'s output.
+    fn batch_rows(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Result<Tensor> {
         let mut x = scaled(ops::embedding(&self.embed, ids)?, self.embed_scale)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward_batch(&x, states, i)?;
@@ -279,7 +307,7 @@ impl Decoder {
             s.pos += 1;
             s.settle()?;
         }
-        head::logits_rows(&x, &self.norm, &self.lm_head, self.tail)
+        Ok(x)
     }
 }
 

@@ -28,20 +28,39 @@ pub fn logits(
     } else {
         x.narrow0(x.dim(0) - 1, 1)?
     };
-    run(&x, norm, lm_head, tail, false)
+    Ok(run(&x, norm, lm_head, tail, false)?.0)
 }
 
 /// [`logits`] over every row of `x`, each row a separate sequence (a batched decode step):
 /// each row's logits equal that row alone.
 pub fn logits_rows(x: &Tensor, norm: &RmsNorm, lm_head: &Weight, tail: Tail) -> Result<Tensor> {
+    Ok(run(x, norm, lm_head, tail, true)?.0)
+}
+
+/// [`logits_rows`] and the rows' hidden states after the final norm (before the tail's
+/// scale): what a draft head reads.
+pub fn logits_rows_hidden(
+    x: &Tensor,
+    norm: &RmsNorm,
+    lm_head: &Weight,
+    tail: Tail,
+) -> Result<(Tensor, Tensor)> {
     run(x, norm, lm_head, tail, true)
 }
 
-fn run(x: &Tensor, norm: &RmsNorm, lm_head: &Weight, tail: Tail, rows: bool) -> Result<Tensor> {
-    let mut h = norm.forward(x)?;
-    if let Some(s) = tail.scale {
-        h = ops::scale(&h, s)?;
-    }
+/// Logits on the host and the normed hidden state they come from.
+fn run(
+    x: &Tensor,
+    norm: &RmsNorm,
+    lm_head: &Weight,
+    tail: Tail,
+    rows: bool,
+) -> Result<(Tensor, Tensor)> {
+    let normed = norm.forward(x)?;
+    let h = match tail.scale {
+        Some(s) => ops::scale(&normed, s)?,
+        None => normed.clone(),
+    };
     let mut logits = if rows {
         ops::matmul_rows(&h, lm_head)?
     } else {
@@ -50,7 +69,7 @@ fn run(x: &Tensor, norm: &RmsNorm, lm_head: &Weight, tail: Tail, rows: bool) -> 
     if let Some(c) = tail.softcap {
         logits = ops::softcap(&logits, c)?;
     }
-    host_logits(&logits)
+    Ok((host_logits(&logits)?, normed))
 }
 
 /// Logits as sampling reads them: f32 on the host (a no-op for host f32 tensors; MLX's native

@@ -70,6 +70,14 @@ pub trait SelfDrafter: Sync {
         all_logits: bool,
     ) -> Result<(Tensor, Tensor)>;
 
+    /// [`CausalLm::decode_batch`] that also returns each row's hidden state after the final
+    /// norm (`[N, H]`), row `i` equal to [`SelfDrafter::forward_hidden`] of `ids[i]` alone.
+    fn decode_batch_hidden(
+        &self,
+        ids: &[u32],
+        states: &mut [&mut ModelState],
+    ) -> Result<(Tensor, Tensor)>;
+
     /// A fresh state for the draft head (its own KV caches).
     fn new_draft_state(&self) -> ModelState;
 

@@ -402,6 +402,15 @@ impl SelfDrafter for Qwen3_5 {
         Ok((logits, h))
     }
 
+    fn decode_batch_hidden(
+        &self,
+        ids: &[u32],
+        states: &mut [&mut ModelState],
+    ) -> Result<(Tensor, Tensor)> {
+        self.decoder
+            .decode_batch_hidden(ids, states, |id, s| self.forward_hidden(&[id], s, false))
+    }
+
     fn new_draft_state(&self) -> ModelState {
         let layers = self.mtp.as_ref().map_or(&[][..], |m| &m.layers[..]);
         ModelState::new(layers.iter().map(|l| l.mixer.new_state()).collect())

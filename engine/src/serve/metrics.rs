@@ -50,6 +50,10 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub cached_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Speculative decoding (`--mtp`): tokens the draft head proposed, and those the model
+    /// kept, over finished requests.
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
     /// Requests waiting to join the batch.
     pub queued: AtomicUsize,
     /// Sequences in the batch.
@@ -120,6 +124,16 @@ impl Metrics {
                 "engine_generated_tokens_total",
                 "Tokens generated.",
                 &self.generated_tokens,
+            ),
+            (
+                "engine_mtp_drafted_tokens_total",
+                "Tokens the MTP head drafted (--mtp), over finished requests.",
+                &self.drafted_tokens,
+            ),
+            (
+                "engine_mtp_accepted_tokens_total",
+                "Drafted tokens the model kept, over finished requests.",
+                &self.accepted_tokens,
             ),
         ] {
             let _ = writeln!(

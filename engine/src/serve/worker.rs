@@ -152,6 +152,12 @@ pub fn run(mut sched: Scheduler, jobs: Receiver<Job>, metrics: &Metrics) {
                 }
                 Update::Finished(f) => {
                     gone.push(id);
+                    if let Some(m) = &f.output.mtp {
+                        metrics.drafted_tokens.fetch_add(m.drafted as u64, Relaxed);
+                        metrics
+                            .accepted_tokens
+                            .fetch_add(m.accepted as u64, Relaxed);
+                    }
                     Event::Done {
                         finish: f.output.finish_reason,
                         cached_prompt_tokens: f.cached_prompt_tokens,

@@ -435,3 +435,54 @@ mod on_mlx {
         }
     }
 }
+
+/// A batched decode step that also gives the hidden rows (what a speculative sequence's plain
+/// step in the server's batch reads): each row's logits and hidden state are the bits of
+/// `forward_hidden` on that sequence alone, and the states end where the lone runs leave them.
+#[test]
+fn batched_hidden_rows_equal_each_sequence_alone() {
+    for spec in ["qwen3_5:tiny:f32:hf", "qwen3_5_moe:tiny:bf16:hf"] {
+        let p = load(spec);
+        let m: &dyn CausalLm = p.model.as_ref();
+        let drafter = m.drafter().expect("a head");
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(&p, 5 + 7 * i)).collect();
+        let next = [11u32, 12, 13];
+        let prefilled = || -> Vec<ModelState> {
+            prompts
+                .iter()
+                .map(|ids| {
+                    let mut s = m.new_state();
+                    m.forward(ids, &mut s, false).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let host = |t: &kernels::Tensor| t.to_f32().unwrap().f32s().unwrap().to_vec();
+        let mut alone = prefilled();
+        let want: Vec<_> = alone
+            .iter_mut()
+            .zip(next)
+            .map(|(s, id)| drafter.forward_hidden(&[id], s, false).unwrap())
+            .collect();
+        let mut batch = prefilled();
+        let mut refs: Vec<&mut ModelState> = batch.iter_mut().collect();
+        let (logits, hidden) = drafter.decode_batch_hidden(&next, &mut refs).unwrap();
+        for (i, (l, h)) in want.iter().enumerate() {
+            assert_eq!(
+                host(&logits.narrow0(i, 1).unwrap()),
+                host(l),
+                "{spec} row {i}: logits"
+            );
+            assert_eq!(
+                host(&hidden.narrow0(i, 1).unwrap()),
+                host(h),
+                "{spec} row {i}: hidden"
+            );
+            assert_eq!(
+                snapshot(&batch[i]),
+                snapshot(&alone[i]),
+                "{spec} row {i}: state"
+            );
+        }
+    }
+}

@@ -207,3 +207,87 @@ fn the_kv_budget_gives_back_cached_prefixes_least_recently_used_first() {
     let cached = sched.join(2, req(1)).unwrap();
     assert_eq!(cached, 28, "the most recently cached state was kept");
 }
+
+/// Speculative requests (`mtp`) in a running batch, beside plain ones: each gets exactly what
+/// it gets alone (tokens, log-probs, finish reason and MTP figures), greedy and sampled, with
+/// the head's own drafts and with forced ones (full and zero acceptance), on flat KV under a
+/// budget and on a shared paged pool. Their plain steps (most of them: synthetic heads draft
+/// poorly) run in the batch's forward, and sampled tokens depend on the head's hidden rows
+/// from it, through the drafts' distributions.
+#[test]
+fn speculative_requests_in_a_batch_give_what_they_get_alone() {
+    use engine::generate::{ForcedDrafts, MtpOptions};
+    let p = load("qwen3_5:tiny:f32:hf");
+    let vocab = p.tokenizer.vocab_size() as u32 - 8;
+    let ids = |n: u32, salt: u32| -> Vec<u32> {
+        (0..n)
+            .map(|j| (j * 7919 + salt * 31 + 13) % vocab)
+            .collect()
+    };
+    let with_mtp = |mut r: GenerateRequest, depth: usize, forced: Option<ForcedDrafts>| {
+        r.mtp = Some(MtpOptions { depth, forced });
+        r
+    };
+    let plain_of = |r: &GenerateRequest| generate::generate(p.model.as_ref(), r, |_| {}).unwrap();
+    let greedy = request(&p, ids(70, 1), 24, 0.0);
+    let reference = plain_of(&greedy).tokens;
+    let forced = |correct| {
+        Some(ForcedDrafts {
+            reference: reference.clone(),
+            correct,
+        })
+    };
+    let reqs = [
+        request(&p, ids(9, 2), 10, 0.0),
+        with_mtp(greedy.clone(), 2, None),
+        with_mtp(greedy.clone(), 3, forced(3)),
+        with_mtp(greedy.clone(), 2, forced(0)),
+        with_mtp(request(&p, ids(20, 3), 24, 0.8), 2, None),
+        request(&p, ids(33, 4), 7, 0.7),
+        with_mtp(request(&p, ids(12, 5), 24, 1.0), 1, None),
+    ];
+    let alone: Vec<_> = reqs.iter().map(plain_of).collect();
+    // Greedy MTP is plain decoding's output whatever the drafts.
+    for (i, out) in alone.iter().enumerate().take(4).skip(1) {
+        assert_eq!(out.tokens, reference, "request {i} alone");
+    }
+    for paged in [false, true] {
+        let opts = SchedulerOptions {
+            max_batch: 4,
+            prefix_cache: 4,
+            kv_budget: (!paged).then_some(64 << 20),
+        };
+        let mut sched = Scheduler::new(p.model.as_ref(), opts).unwrap();
+        if paged {
+            sched = sched.with_pool(16, 64).unwrap();
+        }
+        let mut outs = vec![None; reqs.len()];
+        // Four join one token boundary apart; the rest join as places free up.
+        let mut waiting: Vec<usize> = (0..reqs.len()).collect();
+        while !waiting.is_empty() || sched.running() > 0 {
+            if let Some(&i) = waiting.first() {
+                if sched.room_for(&reqs[i]) == Room::Now {
+                    sched.join(i as u64, reqs[i].clone()).unwrap();
+                    waiting.remove(0);
+                }
+            }
+            sched.step(|id, u| match u {
+                Update::Token { .. } => {}
+                Update::Finished(f) => outs[id as usize] = Some(f.output),
+                Update::Failed(e) => panic!("sequence {id} failed: {e:#}"),
+            });
+        }
+        for (i, want) in alone.iter().enumerate() {
+            let got = outs[i].as_ref().unwrap();
+            let at = format!("paged {paged}, request {i}");
+            assert_eq!(got.tokens, want.tokens, "{at}: tokens");
+            assert_eq!(got.finish_reason, want.finish_reason, "{at}");
+            assert_eq!(got.top_logprobs, want.top_logprobs, "{at}: log-probs");
+            assert_eq!(got.mtp, want.mtp, "{at}: MTP figures");
+        }
+        let m = |i: usize| outs[i].as_ref().unwrap().mtp.clone().unwrap();
+        assert_eq!(m(2).accepted, m(2).drafted, "forced correct: {:?}", m(2));
+        assert_eq!(m(3).accepted, 0, "forced wrong: {:?}", m(3));
+        assert!(m(3).rollbacks > 0, "forced wrong: {:?}", m(3));
+    }
+}

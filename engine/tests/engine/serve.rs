@@ -348,3 +348,66 @@ fn a_request_that_can_never_fit_the_kv_budget_gets_400_streamed_or_not() {
     assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 0);
     server.stop();
 }
+
+/// `--mtp 2` on a Qwen3.5 checkpoint with its head: concurrent greedy requests run their
+/// speculative rounds beside each other and return plain `engine generate`'s answers (greedy
+/// MTP keeps the model's own tokens); `/metrics` counts the drafts. A checkpoint without a
+/// head refuses `--mtp` at startup, naming the folder.
+#[test]
+fn speculative_serving_answers_as_plain_greedy_decoding() {
+    let spec = SynthSpec::parse("qwen3_5:tiny:f32:hf").unwrap();
+    let model = synth_cached(&spec).unwrap().display().to_string();
+    let server = Server::start(&model, &["--mtp", "2", "--max-concurrent", "3"]);
+    let prompts: Vec<Vec<u32>> = (0..5u32)
+        .map(|i| {
+            (0..4 + 9 * i)
+                .map(|j| (j * 211 + i * 7 + 3) % 900)
+                .collect()
+        })
+        .collect();
+    let max_tokens = |i: usize| 6 + 2 * i;
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| {
+                let server = &server;
+                s.spawn(move || {
+                    let body =
+                        json!({"prompt": ids, "max_tokens": max_tokens(i), "temperature": 0});
+                    server.post_json("/v1/completions", &body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (ids, answer)) in prompts.iter().zip(&answers).enumerate() {
+        let want = generate_json(&model, ids, max_tokens(i));
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["text"], want["text"], "request {i}");
+        assert_eq!(
+            choice["finish_reason"], want["finish_reason"],
+            "request {i}"
+        );
+    }
+    let drafted = server.metric("engine_mtp_drafted_tokens_total");
+    assert!(drafted > 0.0, "no drafts counted");
+    assert!(server.metric("engine_mtp_accepted_tokens_total") <= drafted);
+    server.stop();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args([
+            "serve",
+            "--model",
+            &self::model(),
+            "--mtp",
+            "2",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("draft head") && err.contains("--mtp"), "{err}");
+}
