@@ -235,8 +235,8 @@ impl PathSpec {
         if self.batch.is_some() && self.session_reuse {
             bail!("path {self}: `batch` and `session` do not combine");
         }
-        if self.drafts.is_some() && (self.batch.is_some() || self.session_reuse) {
-            bail!("path {self}: forced `drafts` run alone, not in a batch or a session");
+        if self.drafts.is_some() && self.session_reuse {
+            bail!("path {self}: forced `drafts` run alone or in a batch, not in a session");
         }
         if let Some(n) = self.batch {
             // Companions: the same prompt cut to other lengths and shifted, with other
@@ -250,26 +250,18 @@ impl PathSpec {
                 r.max_tokens = req.max_tokens / 2 + 3 * c;
                 reqs.push(r);
             }
+            // Forced drafts: each sequence's from its own plain output.
+            for r in reqs.iter_mut() {
+                *r = self.forced(model, r)?;
+            }
             let opts = BatchOptions {
                 max_batch: n as usize,
             };
             let mut outs = generate::generate_batch(model, &reqs, opts, |_, _| {})?;
             return Ok(outs.swap_remove(0));
         }
-        if let (Some(drafts), Some(mtp)) = (self.drafts, &req.mtp) {
-            let mut plain = req.clone();
-            plain.mtp = None;
-            let reference = generate::generate(model, &plain, |_| {})?.tokens;
-            let correct = match drafts {
-                Drafts::Correct => mtp.depth,
-                Drafts::Wrong => 0,
-            };
-            let mut forced = req.clone();
-            forced.mtp = Some(MtpOptions {
-                depth: mtp.depth,
-                forced: Some(ForcedDrafts { reference, correct }),
-            });
-            return generate::generate(model, &forced, |_| {});
+        if self.drafts.is_some() {
+            return generate::generate(model, &self.forced(model, req)?, |_| {});
         }
         if self.session_reuse {
             let mut session = Session::new(model);
@@ -280,6 +272,27 @@ impl PathSpec {
             return Ok(session.generate(req, |_| {})?.output);
         }
         generate::generate(model, req, |_| {})
+    }
+
+    /// `req` with its MTP drafts forced as `drafts=` asks (the reference is its own plain
+    /// output, run first); `req` itself without `drafts=` or `mtp=`.
+    fn forced(&self, model: &dyn CausalLm, req: &GenerateRequest) -> Result<GenerateRequest> {
+        let (Some(drafts), Some(mtp)) = (self.drafts, &req.mtp) else {
+            return Ok(req.clone());
+        };
+        let mut plain = req.clone();
+        plain.mtp = None;
+        let reference = generate::generate(model, &plain, |_| {})?.tokens;
+        let correct = match drafts {
+            Drafts::Correct => mtp.depth,
+            Drafts::Wrong => 0,
+        };
+        let mut forced = req.clone();
+        forced.mtp = Some(MtpOptions {
+            depth: mtp.depth,
+            forced: Some(ForcedDrafts { reference, correct }),
+        });
+        Ok(forced)
     }
 
     /// The same for a fresh state driven through `CausalLm::forward` directly.
