@@ -343,8 +343,17 @@ impl<'m> Scheduler<'m> {
                     }
                 }
                 Next::Speculative(spec) => {
+                    // While others run, a greedy sequence's rounds all join the batch: a
+                    // drafting round alone reads every weight for this one sequence, which
+                    // costs more than its drafts win once the batch shares the reads.
                     let budget = seq.decoding.budget;
-                    match batched.then(|| spec.plain_next(budget)).flatten() {
+                    let joins = batched
+                        .then(|| {
+                            spec.plain_next(budget)
+                                .or_else(|| spec.defer_to_batch(budget))
+                        })
+                        .flatten();
+                    match joins {
                         Some(x) => {
                             tokens.push(x);
                             seq.in_step = true;

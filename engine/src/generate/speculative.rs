@@ -122,11 +122,6 @@ impl Pace {
         Some(depth)
     }
 
-    /// Whether the step after this one drafts (the head then needs its logits now).
-    fn drafts_next(&self) -> bool {
-        self.skip == 0
-    }
-
     /// Takes a round's outcome: `kept` of `drafted` drafts accepted.
     fn verified(&mut self, drafted: usize, kept: usize) {
         for ok in (0..kept)
@@ -180,12 +175,12 @@ enum Phase {
         logits: Tensor,
         hidden: Tensor,
     },
-    /// `x`, the last emitted token, is not fed yet; the head's prediction of the token after
-    /// it (`pending`, with the hidden state it chains on) waits for the next round.
+    /// `x`, the last emitted token, is not fed yet; the head's output row for the token after
+    /// it (`head`: its LM head gives the first draft, and the next drafts chain on it) waits
+    /// for the next round. Its logits are computed only when a round drafts.
     Next {
         x: u32,
-        pending: Tensor,
-        pending_hidden: Tensor,
+        head: Tensor,
     },
     Done,
 }
@@ -307,11 +302,7 @@ impl Speculator {
             Phase::First { logits, hidden } => {
                 self.first(drafter, state, setup, on_token, (logits, hidden))?
             }
-            Phase::Next {
-                x,
-                pending,
-                pending_hidden,
-            } => {
+            Phase::Next { x, head } => {
                 if self.out.tokens.len() >= setup.budget {
                     None
                 } else {
@@ -322,26 +313,16 @@ impl Speculator {
                             })?;
                             self.plain(drafter, state, setup, on_token, rows)?
                         }
-                        Some(depth) => self.verify(
-                            drafter,
-                            state,
-                            setup,
-                            on_token,
-                            (x, depth),
-                            (&pending, &pending_hidden),
-                        )?,
+                        Some(depth) => {
+                            self.verify(drafter, state, setup, on_token, (x, depth), &head)?
+                        }
                     }
-                    .map(|(x, p, h)| (x, p.unwrap_or(pending), h))
                 }
             }
         };
         match next {
-            Some((x, pending, pending_hidden)) => {
-                self.phase = Phase::Next {
-                    x,
-                    pending,
-                    pending_hidden,
-                };
+            Some((x, head)) => {
+                self.phase = Phase::Next { x, head };
                 Ok(true)
             }
             None => Ok(false),
@@ -364,6 +345,24 @@ impl Speculator {
         depth.is_none().then_some(x)
     }
 
+    /// For a greedy sequence, turns the next round into a plain step even where [`Pace`]
+    /// would draft (the head still takes its pair, so drafting can resume at any later round)
+    /// and gives the token its forward feeds, as [`Speculator::plain_next`] does. For greedy
+    /// sequences in a batch, whose drafting rounds would read the weights on their own:
+    /// greedy tokens are the same either way (the MTP figures follow the rounds run). `None`
+    /// for a sampled sequence, whose draws depend on which rounds run.
+    pub fn defer_to_batch(&mut self, budget: usize) -> Option<u32> {
+        let (Phase::Next { x, .. }, None) = (&self.phase, &self.sampler) else {
+            return None;
+        };
+        let x = *x;
+        if self.out.tokens.len() >= budget {
+            return None;
+        }
+        self.decided = Some(None);
+        Some(x)
+    }
+
     /// The plain step [`Speculator::plain_next`] announced, from the logits and hidden row of
     /// its forward; false when the sequence has ended.
     pub fn plain_rows(
@@ -374,19 +373,15 @@ impl Speculator {
         on_token: &mut dyn FnMut(u32, &Tensor),
         rows: (Tensor, Tensor),
     ) -> Result<bool> {
-        let (Some(None), Phase::Next { pending, .. }) = (
+        let (Some(None), Phase::Next { .. }) = (
             self.decided.take(),
             std::mem::replace(&mut self.phase, Phase::Done),
         ) else {
             anyhow::bail!("internal: a plain step's rows without a plain step announced");
         };
         Ok(match self.plain(drafter, state, setup, on_token, rows)? {
-            Some((x, p, pending_hidden)) => {
-                self.phase = Phase::Next {
-                    x,
-                    pending: p.unwrap_or(pending),
-                    pending_hidden,
-                };
+            Some((x, head)) => {
+                self.phase = Phase::Next { x, head };
                 true
             }
             None => false,
@@ -407,19 +402,20 @@ impl Speculator {
         setup: &Setup,
         on_token: &mut dyn FnMut(u32, &Tensor),
         (logits, hidden): (Tensor, Tensor),
-    ) -> Result<Option<(u32, Tensor, Tensor)>> {
+    ) -> Result<Option<(u32, Tensor)>> {
         super::check_finite(&logits, state.pos)?;
         let x = self.pick(&logits)?;
         if !emit(&mut self.out, x, &logits, setup, on_token) {
             return Ok(None);
         }
-        let (pending, pending_hidden) =
-            draft(setup, drafter, (&[x], &hidden), &mut self.draft_state, true)?;
-        Ok(Some((
-            x,
-            pending.expect("asked for logits"),
-            pending_hidden,
-        )))
+        let (_, head) = draft(
+            setup,
+            drafter,
+            (&[x], &hidden),
+            &mut self.draft_state,
+            false,
+        )?;
+        Ok(Some((x, head)))
     }
 
     fn pick(&mut self, logits: &Tensor) -> Result<u32> {
@@ -430,9 +426,8 @@ impl Speculator {
     }
 
     /// A plain step from its forward's logits and hidden row: the head still takes its pair
-    /// so its cache stays in step, and computes its logits when the next round drafts.
-    /// Returns the next phase's (x, new pending logits if computed, pending hidden), or `None`
-    /// at the end.
+    /// so its cache stays in step (its LM head waits for a round that drafts). Returns the
+    /// next phase's `x` and head row, or `None` at the end.
     fn plain(
         &mut self,
         drafter: &dyn SelfDrafter,
@@ -440,16 +435,15 @@ impl Speculator {
         setup: &Setup,
         on_token: &mut dyn FnMut(u32, &Tensor),
         (logits, h): (Tensor, Tensor),
-    ) -> Result<Option<(u32, Option<Tensor>, Tensor)>> {
+    ) -> Result<Option<(u32, Tensor)>> {
         super::check_finite(&logits, state.pos)?;
         let t = self.pick(&logits)?;
         self.out.stats.plain_steps += 1;
         if !emit(&mut self.out, t, &logits, setup, on_token) {
             return Ok(None);
         }
-        let wants = self.pace.drafts_next();
-        let (l, head_h) = draft(setup, drafter, (&[t], &h), &mut self.draft_state, wants)?;
-        Ok(Some((t, l, head_h)))
+        let (_, head) = draft(setup, drafter, (&[t], &h), &mut self.draft_state, false)?;
+        Ok(Some((t, head)))
     }
 
     /// A drafting round: up to `depth` drafts, one verification forward over `[x, drafts]`,
@@ -462,8 +456,8 @@ impl Speculator {
         setup: &Setup,
         on_token: &mut dyn FnMut(u32, &Tensor),
         (x, depth): (u32, usize),
-        (pending, pending_hidden): (&Tensor, &Tensor),
-    ) -> Result<Option<(u32, Option<Tensor>, Tensor)>> {
+        head: &Tensor,
+    ) -> Result<Option<(u32, Tensor)>> {
         // No draft past the budget: the last token of a round is the main model's own.
         let left = setup.budget - self.out.tokens.len();
         let depth = depth.min(left.saturating_sub(1)).max(1);
@@ -472,7 +466,7 @@ impl Speculator {
             drafter,
             &mut self.draft_state,
             depth,
-            (pending, pending_hidden),
+            head,
             self.sampler.as_mut(),
         )?;
         let (drafts, dists) = force(
@@ -538,14 +532,8 @@ impl Speculator {
         let mut next = drafts[..kept].to_vec();
         next.push(correction);
         let rows = hidden.narrow0(0, kept + 1)?;
-        let (l, h) = draft(
-            setup,
-            drafter,
-            (&next, &rows),
-            &mut self.draft_state,
-            self.pace.drafts_next(),
-        )?;
-        Ok(Some((correction, l, h.narrow0(kept, 1)?)))
+        let (_, h) = draft(setup, drafter, (&next, &rows), &mut self.draft_state, false)?;
+        Ok(Some((correction, h.narrow0(kept, 1)?)))
     }
 }
 
@@ -562,7 +550,8 @@ fn draft(
     })
 }
 
-/// The head's `depth` drafts from its pending prediction, chained on its own hidden states:
+/// The head's `depth` drafts from its output row `head` (its LM head gives the first), chained
+/// on its own hidden states:
 /// its argmax when greedy, else drawn from its distribution (returned beside, for the
 /// acceptance test). Its state is left where it was (the chained steps are scratch).
 fn draft_round(
@@ -570,13 +559,13 @@ fn draft_round(
     drafter: &dyn SelfDrafter,
     state: &mut ModelState,
     depth: usize,
-    (pending, pending_hidden): (&Tensor, &Tensor),
+    head: &Tensor,
     mut sampler: Option<&mut Sampler>,
 ) -> Result<(Vec<u32>, Vec<Dist>)> {
     let mark = state.mark();
     let (mut drafts, mut dists) = (Vec::with_capacity(depth), Vec::new());
-    let mut logits = pending.clone();
-    let mut h = pending_hidden.clone();
+    let mut logits = run(setup.device, setup.kernels, || drafter.draft_logits(head))?;
+    let mut h = head.clone();
     loop {
         let next = match sampler.as_deref_mut() {
             None => ops::argmax(&logits)?[0],

@@ -81,6 +81,10 @@ pub trait SelfDrafter: Sync {
     /// A fresh state for the draft head (its own KV caches).
     fn new_draft_state(&self) -> ModelState;
 
+    /// The head's logits `[1, V]` on the host for one row of its own output (what
+    /// [`SelfDrafter::draft`] gives for its last row when asked).
+    fn draft_logits(&self, head: &Tensor) -> Result<Tensor>;
+
     /// Runs the head on `ids[i]` paired with row `i` of `hidden` (a hidden state from
     /// [`SelfDrafter::forward_hidden`] or from this head), at draft positions `state.pos..`.
     /// Returns the last row's logits `[1, V]` on the host when `logits` (the LM head is the

@@ -450,12 +450,15 @@ impl SelfDrafter for Qwen3_5 {
         state.pos += ids.len();
         let out = m.norm.forward(&x)?;
         let logits = if logits {
-            let last = out.narrow0(out.dim(0) - 1, 1)?;
-            Some(host_logits(&ops::matmul(&last, &self.decoder.lm_head)?)?)
+            Some(self.draft_logits(&out.narrow0(out.dim(0) - 1, 1)?)?)
         } else {
             None
         };
         Ok((logits, out))
+    }
+
+    fn draft_logits(&self, head: &Tensor) -> Result<Tensor> {
+        host_logits(&ops::matmul(head, &self.decoder.lm_head)?)
     }
 }
 
