@@ -299,8 +299,10 @@ impl Speculator {
     ) -> Result<bool> {
         let next = match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Done => return Ok(false),
+            // The first token comes from the prompt's logits, as a plain step's from its
+            // forward's (not counted as one).
             Phase::First { logits, hidden } => {
-                self.first(drafter, state, setup, on_token, (logits, hidden))?
+                self.take(drafter, state, setup, on_token, (logits, hidden))?
             }
             Phase::Next { x, head } => {
                 if self.out.tokens.len() >= setup.budget {
@@ -393,31 +395,6 @@ impl Speculator {
         finish(self.out, &self.reached)
     }
 
-    /// The first token, from the prompt's logits; the head's pair for the prompt's last
-    /// position then drafts the token after it.
-    fn first(
-        &mut self,
-        drafter: &dyn SelfDrafter,
-        state: &ModelState,
-        setup: &Setup,
-        on_token: &mut dyn FnMut(u32, &Tensor),
-        (logits, hidden): (Tensor, Tensor),
-    ) -> Result<Option<(u32, Tensor)>> {
-        super::check_finite(&logits, state.pos)?;
-        let x = self.pick(&logits)?;
-        if !emit(&mut self.out, x, &logits, setup, on_token) {
-            return Ok(None);
-        }
-        let (_, head) = draft(
-            setup,
-            drafter,
-            (&[x], &hidden),
-            &mut self.draft_state,
-            false,
-        )?;
-        Ok(Some((x, head)))
-    }
-
     fn pick(&mut self, logits: &Tensor) -> Result<u32> {
         Ok(match self.sampler.as_mut() {
             Some(s) => s.sample(logits)?,
@@ -425,10 +402,24 @@ impl Speculator {
         })
     }
 
-    /// A plain step from its forward's logits and hidden row: the head still takes its pair
-    /// so its cache stays in step (its LM head waits for a round that drafts). Returns the
-    /// next phase's `x` and head row, or `None` at the end.
+    /// A plain step from its forward's logits and hidden row (see [`Speculator::take`]).
     fn plain(
+        &mut self,
+        drafter: &dyn SelfDrafter,
+        state: &ModelState,
+        setup: &Setup,
+        on_token: &mut dyn FnMut(u32, &Tensor),
+        rows: (Tensor, Tensor),
+    ) -> Result<Option<(u32, Tensor)>> {
+        self.out.stats.plain_steps += 1;
+        self.take(drafter, state, setup, on_token, rows)
+    }
+
+    /// The token after a one-token forward, from its logits; the head then takes its pair
+    /// (that token, the forward's hidden row) so its cache stays in step, its LM head waiting
+    /// for a round that drafts. Returns the next phase's `x` and head row, or `None` at the
+    /// end.
+    fn take(
         &mut self,
         drafter: &dyn SelfDrafter,
         state: &ModelState,
@@ -438,7 +429,6 @@ impl Speculator {
     ) -> Result<Option<(u32, Tensor)>> {
         super::check_finite(&logits, state.pos)?;
         let t = self.pick(&logits)?;
-        self.out.stats.plain_steps += 1;
         if !emit(&mut self.out, t, &logits, setup, on_token) {
             return Ok(None);
         }

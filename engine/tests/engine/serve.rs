@@ -153,6 +153,43 @@ fn generate_json(model: &str, ids: &[u32], max_tokens: usize) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Sends every prompt at once as a greedy text completion of `max_tokens(i)` tokens and checks
+/// each answer (text, finish reason, usage) against a separate `engine generate` run.
+fn answers_equal_generate(
+    server: &Server,
+    model: &str,
+    prompts: &[Vec<u32>],
+    max_tokens: impl Fn(usize) -> usize + Sync,
+) {
+    let max_tokens = &max_tokens;
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| {
+                s.spawn(move || {
+                    let body =
+                        json!({"prompt": ids, "max_tokens": max_tokens(i), "temperature": 0});
+                    server.post_json("/v1/completions", &body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (ids, answer)) in prompts.iter().zip(&answers).enumerate() {
+        let want = generate_json(model, ids, max_tokens(i));
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["text"], want["text"], "request {i}");
+        assert_eq!(
+            choice["finish_reason"], want["finish_reason"],
+            "request {i}"
+        );
+        let n = want["tokens"].as_array().unwrap().len();
+        assert_eq!(answer["usage"]["completion_tokens"], n, "request {i}");
+        assert_eq!(answer["usage"]["prompt_tokens"], ids.len(), "request {i}");
+    }
+}
+
 #[test]
 fn concurrent_greedy_requests_equal_separate_generate_runs() {
     let model = model();
@@ -164,34 +201,7 @@ fn concurrent_greedy_requests_equal_separate_generate_runs() {
                 .collect()
         })
         .collect();
-    let max_tokens = |i: usize| 4 + i % 5;
-    let answers: Vec<Value> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, ids)| {
-                let server = &server;
-                s.spawn(move || {
-                    let body =
-                        json!({"prompt": ids, "max_tokens": max_tokens(i), "temperature": 0});
-                    server.post_json("/v1/completions", &body)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (i, (ids, answer)) in prompts.iter().zip(&answers).enumerate() {
-        let want = generate_json(&model, ids, max_tokens(i));
-        let choice = &answer["choices"][0];
-        assert_eq!(choice["text"], want["text"], "request {i}");
-        assert_eq!(
-            choice["finish_reason"], want["finish_reason"],
-            "request {i}"
-        );
-        let n = want["tokens"].as_array().unwrap().len();
-        assert_eq!(answer["usage"]["completion_tokens"], n, "request {i}");
-        assert_eq!(answer["usage"]["prompt_tokens"], ids.len(), "request {i}");
-    }
+    answers_equal_generate(&server, &model, &prompts, |i| 4 + i % 5);
     assert_eq!(server.metric("engine_requests_total{outcome=\"ok\"}"), 16.0);
     server.stop();
 }
@@ -365,31 +375,7 @@ fn speculative_serving_answers_as_plain_greedy_decoding() {
                 .collect()
         })
         .collect();
-    let max_tokens = |i: usize| 6 + 2 * i;
-    let answers: Vec<Value> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, ids)| {
-                let server = &server;
-                s.spawn(move || {
-                    let body =
-                        json!({"prompt": ids, "max_tokens": max_tokens(i), "temperature": 0});
-                    server.post_json("/v1/completions", &body)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (i, (ids, answer)) in prompts.iter().zip(&answers).enumerate() {
-        let want = generate_json(&model, ids, max_tokens(i));
-        let choice = &answer["choices"][0];
-        assert_eq!(choice["text"], want["text"], "request {i}");
-        assert_eq!(
-            choice["finish_reason"], want["finish_reason"],
-            "request {i}"
-        );
-    }
+    answers_equal_generate(&server, &model, &prompts, |i| 6 + 2 * i);
     let drafted = server.metric("engine_mtp_drafted_tokens_total");
     assert!(drafted > 0.0, "no drafts counted");
     assert!(server.metric("engine_mtp_accepted_tokens_total") <= drafted);
