@@ -10,10 +10,11 @@
 //! state that prefix leaves (see [`super::prefix`]), and each sequence samples with its own
 //! sampler.
 //!
-//! A request with speculative decoding (`mtp`) runs its own rounds at each boundary (a plain
-//! step, or drafts and their verification: one or more tokens), beside the batch's forward:
-//! it starts from a fresh state, since the draft head's cache is not kept with cached
-//! prefixes, and its state is not offered for reuse.
+//! A request with speculative decoding (`mtp`) advances a round at each boundary: a plain step
+//! joins the batch's forward, a drafting round (drafts and their verification: one or more
+//! tokens) runs beside it; while others run, a greedy one takes plain steps only. It starts
+//! from a fresh state, since the draft head's cache is not kept with cached prefixes, and its
+//! state is not offered for reuse.
 //!
 //! Memory is bounded before a sequence joins. With paged KV all sequences share one pool per
 //! layer, and a sequence joins only when the pool can hold its whole prompt and budget on top
@@ -365,12 +366,7 @@ impl<'m> Scheduler<'m> {
             };
             match ended {
                 None => r += 1,
-                Some(result) => {
-                    let seq = self.running.remove(r);
-                    self.reserved -= seq.reserved;
-                    let id = seq.id;
-                    on(id, self.leave(seq, result));
-                }
+                Some(result) => self.depart(r, result, &mut on),
             }
         }
         if let Err(e) = self.forward(&tokens, &mut on) {
@@ -385,14 +381,23 @@ impl<'m> Scheduler<'m> {
         while r < self.running.len() {
             match self.running[r].ended.take() {
                 None => r += 1,
-                Some(result) => {
-                    let seq = self.running.remove(r);
-                    self.reserved -= seq.reserved;
-                    let id = seq.id;
-                    on(id, self.leave(seq, result));
-                }
+                Some(result) => self.depart(r, result, &mut on),
             }
         }
+    }
+
+    /// Takes sequence `r` out of the batch and tells `on` how it ended.
+    fn depart(
+        &mut self,
+        r: usize,
+        result: Result<FinishReason>,
+        on: &mut impl FnMut(SeqId, Update),
+    ) {
+        let seq = self.running.remove(r);
+        self.reserved -= seq.reserved;
+        let id = seq.id;
+        let update = self.leave(seq, result);
+        on(id, update);
     }
 
     /// The batch's forward of `tokens`, one per sequence marked `in_step`: plain sequences
