@@ -337,12 +337,7 @@ impl Speculator {
     /// and passes its rows to [`Speculator::plain_rows`]. `None`: the next round runs whole in
     /// [`Speculator::round`].
     pub fn plain_next(&mut self, budget: usize) -> Option<u32> {
-        let Phase::Next { x, .. } = self.phase else {
-            return None;
-        };
-        if self.out.tokens.len() >= budget {
-            return None;
-        }
+        let x = self.unfed(budget)?;
         let depth = *self.decided.get_or_insert_with(|| self.pace.next());
         depth.is_none().then_some(x)
     }
@@ -354,15 +349,21 @@ impl Speculator {
     /// greedy tokens are the same either way (the MTP figures follow the rounds run). `None`
     /// for a sampled sequence, whose draws depend on which rounds run.
     pub fn defer_to_batch(&mut self, budget: usize) -> Option<u32> {
-        let (Phase::Next { x, .. }, None) = (&self.phase, &self.sampler) else {
-            return None;
-        };
-        let x = *x;
-        if self.out.tokens.len() >= budget {
+        if self.sampler.is_some() {
             return None;
         }
+        let x = self.unfed(budget)?;
         self.decided = Some(None);
         Some(x)
+    }
+
+    /// The token the next round feeds (the last emitted one), while the sequence runs and
+    /// has budget left.
+    fn unfed(&self, budget: usize) -> Option<u32> {
+        match self.phase {
+            Phase::Next { x, .. } if self.out.tokens.len() < budget => Some(x),
+            _ => None,
+        }
     }
 
     /// The plain step [`Speculator::plain_next`] announced, from the logits and hidden row of
