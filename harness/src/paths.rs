@@ -21,7 +21,7 @@ use engine::{Backend, RequestOptions};
 use kernels::numerics::Numerics;
 
 /// The keys a path spec may set, with their values, for error messages and `--help`.
-pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, drafts=correct|wrong (with mtp), batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
+pub const VALID_PATHS: &str = "default, backend=cpu|mlx|metal|cuda, gdn=auto|perstep|chunked, kv=rotating|flat|paged, mtp=1|2|3|4, drafts=correct|wrong (with mtp), draft-vocab=full|N (with mtp), batch=2..64, session=reuse, numerics=exact|fast (combine keys with `+`)";
 
 /// The block limit of the pools `kv=paged` gives states driven directly (a million positions;
 /// pools grow only as far as they are used).
@@ -45,6 +45,9 @@ pub struct PathSpec {
     /// weights whose own head rarely drafts well (synthetic ones). The plain run that gives
     /// the reference tokens runs first and is not timed.
     pub drafts: Option<Drafts>,
+    /// With `mtp`: the draft vocabulary's bound (`engine generate --mtp-draft-vocab`; 0 for
+    /// the whole vocabulary, `full` on the command line); the engine's default when unset.
+    pub draft_vocab: Option<u32>,
     /// Run the request inside a continuous batch of this many requests (it and companions of
     /// other lengths), as `engine generate --prompts` does.
     pub batch: Option<u8>,
@@ -148,6 +151,18 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
                     _ => bail!("unknown value `{value}` for path key `drafts` in `{s}`; expected one of: correct, wrong"),
                 });
             }
+            "draft-vocab" => {
+                if spec.draft_vocab.is_some() {
+                    bail!("path `{s}` sets `draft-vocab` twice");
+                }
+                spec.draft_vocab = Some(match value.trim() {
+                    "full" => 0,
+                    v => match v.parse::<u32>() {
+                        Ok(n) if n > 0 => n,
+                        _ => bail!("unknown value `{value}` for path key `draft-vocab` in `{s}`; expected `full` or a number of token ids"),
+                    },
+                });
+            }
             "batch" => {
                 if spec.batch.is_some() {
                     bail!("path `{s}` sets `batch` twice");
@@ -191,6 +206,9 @@ pub fn parse_path(s: &str) -> Result<PathSpec> {
     if spec.drafts.is_some() && spec.mtp.is_none() {
         bail!("path `{s}` forces drafts without `mtp`; add e.g. `mtp=2`");
     }
+    if spec.draft_vocab.is_some() && spec.mtp.is_none() {
+        bail!("path `{s}` sets a draft vocabulary without `mtp`; add e.g. `mtp=2`");
+    }
     Ok(spec)
 }
 
@@ -224,8 +242,12 @@ impl PathSpec {
         opts.kernels.numerics = self.numerics.unwrap_or_default();
         opts.paged_kv = (self.kv == Some(KvLayout::Paged)).then(PagedKv::default);
         opts.mtp = self.mtp.map(|depth| MtpOptions {
-            depth: depth as usize,
-            forced: None,
+            draft_vocab: match self.draft_vocab {
+                None => Some(generate::DEFAULT_DRAFT_VOCAB),
+                Some(0) => None,
+                Some(n) => Some(n as usize),
+            },
+            ..MtpOptions::new(depth as usize)
         });
     }
 
@@ -289,8 +311,8 @@ impl PathSpec {
         };
         let mut forced = req.clone();
         forced.mtp = Some(MtpOptions {
-            depth: mtp.depth,
             forced: Some(ForcedDrafts { reference, correct }),
+            ..mtp.clone()
         });
         Ok(forced)
     }
@@ -329,6 +351,11 @@ impl fmt::Display for PathSpec {
         }
         if let Some(d) = self.drafts {
             keys.push(format!("drafts={d}"));
+        }
+        match self.draft_vocab {
+            Some(0) => keys.push("draft-vocab=full".to_string()),
+            Some(n) => keys.push(format!("draft-vocab={n}")),
+            None => {}
         }
         if let Some(n) = self.batch {
             keys.push(format!("batch={n}"));
@@ -374,6 +401,8 @@ mod tests {
             "gdn=perstep+mtp=4",
             "mtp=2+drafts=correct",
             "mtp=3+drafts=wrong",
+            "mtp=2+drafts=correct+draft-vocab=full",
+            "mtp=2+draft-vocab=4096",
             "kv=paged+batch=8",
             "gdn=chunked+session=reuse",
             "numerics=fast",
@@ -408,6 +437,8 @@ mod tests {
             ("batch=2+batch=3", "twice"),
             ("drafts=correct", "without `mtp`"),
             ("mtp=2+drafts=right", "correct, wrong"),
+            ("draft-vocab=full", "without `mtp`"),
+            ("mtp=2+draft-vocab=0", "`full` or a number"),
         ] {
             let e = parse_path(bad).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");

@@ -2,6 +2,7 @@
 //! pieces when asked), then decodes until a stop token or the token budget.
 
 pub mod batch;
+pub mod draft_vocab;
 pub mod prefix;
 pub mod rng;
 pub mod sampler;
@@ -18,6 +19,7 @@ use crate::cache::ModelState;
 use crate::layers::GdnPath;
 use crate::models::CausalLm;
 pub use batch::{generate_batch, BatchOptions};
+pub use draft_vocab::DEFAULT_DRAFT_VOCAB;
 pub use sampler::{Sampler, SamplingParams};
 pub use speculative::{ForcedDrafts, MtpOptions, MtpStats};
 

@@ -22,6 +22,7 @@ use anyhow::Result;
 use kernels::{ops, Tensor};
 use kernels::{run, Settings};
 
+use super::draft_vocab::{DraftVocab, DEFAULT_DRAFT_VOCAB};
 use super::sampler::{Dist, Sampler, SamplingParams};
 use crate::cache::ModelState;
 use crate::models::SelfDrafter;
@@ -33,6 +34,20 @@ pub struct MtpOptions {
     pub depth: usize,
     /// Test-only: replace the head's drafts (see [`ForcedDrafts`]).
     pub forced: Option<ForcedDrafts>,
+    /// Drafts come from the token ids below this bound and the higher ids the sequence
+    /// already holds (see [`super::draft_vocab`]); `None`: from the whole vocabulary.
+    pub draft_vocab: Option<usize>,
+}
+
+impl MtpOptions {
+    /// `depth` drafts a round from the default draft vocabulary.
+    pub fn new(depth: usize) -> MtpOptions {
+        MtpOptions {
+            depth,
+            forced: None,
+            draft_vocab: Some(DEFAULT_DRAFT_VOCAB),
+        }
+    }
 }
 
 /// Drafts chosen by a test instead of the head, so full, partial and zero acceptance all run
@@ -199,6 +214,7 @@ pub(crate) struct Speculator {
     /// The next round's depth when [`Speculator::plain_next`] has asked [`Pace`] already
     /// (`Some(None)`: a plain step).
     decided: Option<Option<usize>>,
+    vocab: DraftVocab,
     phase: Phase,
     out: Decoded,
 }
@@ -245,13 +261,7 @@ impl Speculator {
             let known = next.len().min(piece.len());
             if known > 0 {
                 let rows = h.narrow0(0, known)?;
-                draft(
-                    setup,
-                    drafter,
-                    (&next[..known], &rows),
-                    &mut draft_state,
-                    false,
-                )?;
+                draft(setup, drafter, (&next[..known], &rows), &mut draft_state)?;
             }
             last_hidden = Some(h.narrow0(h.dim(0) - 1, 1)?);
             logits = Some(l);
@@ -269,6 +279,7 @@ impl Speculator {
             pace: Pace::new(d),
             reached: vec![0; d],
             decided: None,
+            vocab: DraftVocab::new(opts.draft_vocab, setup.vocab, prompt),
             phase: Phase::First { logits, hidden },
             out: Decoded {
                 tokens: Vec::new(),
@@ -433,7 +444,7 @@ impl Speculator {
         if !emit(&mut self.out, t, &logits, setup, on_token) {
             return Ok(None);
         }
-        let (_, head) = draft(setup, drafter, (&[t], &h), &mut self.draft_state, false)?;
+        let head = draft(setup, drafter, (&[t], &h), &mut self.draft_state)?;
         Ok(Some((t, head)))
     }
 
@@ -452,11 +463,12 @@ impl Speculator {
         // No draft past the budget: the last token of a round is the main model's own.
         let left = setup.budget - self.out.tokens.len();
         let depth = depth.min(left.saturating_sub(1)).max(1);
+        self.vocab.take(&self.out.tokens);
         let (drafts, dists) = draft_round(
             setup,
             drafter,
             &mut self.draft_state,
-            depth,
+            (depth, &self.vocab),
             head,
             self.sampler.as_mut(),
         )?;
@@ -523,7 +535,7 @@ impl Speculator {
         let mut next = drafts[..kept].to_vec();
         next.push(correction);
         let rows = hidden.narrow0(0, kept + 1)?;
-        let (_, h) = draft(setup, drafter, (&next, &rows), &mut self.draft_state, false)?;
+        let h = draft(setup, drafter, (&next, &rows), &mut self.draft_state)?;
         Ok(Some((correction, h.narrow0(kept, 1)?)))
     }
 }
@@ -534,46 +546,38 @@ fn draft(
     drafter: &dyn SelfDrafter,
     (ids, hidden): (&[u32], &Tensor),
     state: &mut ModelState,
-    logits: bool,
-) -> Result<(Option<Tensor>, Tensor)> {
+) -> Result<Tensor> {
     run(setup.device, setup.kernels, || {
-        drafter.draft(ids, hidden, state, logits)
+        drafter.draft(ids, hidden, state)
     })
 }
 
-/// The head's `depth` drafts from its output row `head` (its LM head gives the first), chained
-/// on its own hidden states:
-/// its argmax when greedy, else drawn from its distribution (returned beside, for the
-/// acceptance test). Its state is left where it was (the chained steps are scratch).
+/// The head's `depth` drafts from its output row `head` (its LM head over `vocab` gives the
+/// first), chained on its own hidden states: its argmax when greedy, else drawn from its
+/// distribution (returned beside, for the acceptance test). Its state is left where it was
+/// (the chained steps are scratch).
 fn draft_round(
     setup: &Setup,
     drafter: &dyn SelfDrafter,
     state: &mut ModelState,
-    depth: usize,
+    (depth, vocab): (usize, &DraftVocab),
     head: &Tensor,
     mut sampler: Option<&mut Sampler>,
 ) -> Result<(Vec<u32>, Vec<Dist>)> {
     let mark = state.mark();
     let (mut drafts, mut dists) = (Vec::with_capacity(depth), Vec::new());
-    let mut logits = run(setup.device, setup.kernels, || drafter.draft_logits(head))?;
     let mut h = head.clone();
     loop {
-        let next = match sampler.as_deref_mut() {
-            None => ops::argmax(&logits)?[0],
-            Some(s) => {
-                let d = s.distribution(&logits)?;
-                let t = s.draw(&d);
-                dists.push(d);
-                t
-            }
-        };
+        let logits = run(setup.device, setup.kernels, || {
+            drafter.draft_logits(&h, vocab.first(), vocab.extra())
+        })?;
+        let (next, dist) = vocab.pick(&logits, sampler.as_deref_mut())?;
         drafts.push(next);
+        dists.extend(dist);
         if drafts.len() == depth {
             break;
         }
-        let (l, next_h) = draft(setup, drafter, (&[next], &h), state, true)?;
-        logits = l.expect("asked for logits");
-        h = next_h;
+        h = draft(setup, drafter, (&[next], &h), state)?;
     }
     state.rollback(&mark)?;
     Ok((drafts, dists))

@@ -17,7 +17,7 @@
 //!   multimodal ones and `model.*` (+ `lm_head`) in text-only ones — see [`Layout`](crate::weights::Layout).
 
 use anyhow::{bail, ensure, Result};
-use kernels::{ops, ops::RopeLayout, Tensor};
+use kernels::{ops, ops::RopeLayout, Tensor, Weight};
 use serde_json::Value;
 
 use super::Describe;
@@ -416,13 +416,7 @@ impl SelfDrafter for Qwen3_5 {
         ModelState::new(layers.iter().map(|l| l.mixer.new_state()).collect())
     }
 
-    fn draft(
-        &self,
-        ids: &[u32],
-        hidden: &Tensor,
-        state: &mut ModelState,
-        logits: bool,
-    ) -> Result<(Option<Tensor>, Tensor)> {
+    fn draft(&self, ids: &[u32], hidden: &Tensor, state: &mut ModelState) -> Result<Tensor> {
         let Some(m) = &self.mtp else {
             bail!("this checkpoint has no MTP head (mtp.*) to draft with");
         };
@@ -448,17 +442,20 @@ impl SelfDrafter for Qwen3_5 {
             x = layer.forward(&x, ls, path)?;
         }
         state.pos += ids.len();
-        let out = m.norm.forward(&x)?;
-        let logits = if logits {
-            Some(self.draft_logits(&out.narrow0(out.dim(0) - 1, 1)?)?)
-        } else {
-            None
-        };
-        Ok((logits, out))
+        m.norm.forward(&x)
     }
 
-    fn draft_logits(&self, head: &Tensor) -> Result<Tensor> {
-        host_logits(&ops::matmul(head, &self.decoder.lm_head)?)
+    fn draft_logits(&self, head: &Tensor, first: usize, extra: &[u32]) -> Result<Tensor> {
+        let w = &self.decoder.lm_head;
+        // The first rows are a view of the head (no copy); the extra ones are gathered.
+        let first = first.min(w.rows());
+        let lead = host_logits(&ops::matmul(head, &w.rows_view(0, first)?)?)?;
+        if extra.is_empty() {
+            return Ok(lead);
+        }
+        let rows = Weight::Dense(ops::embedding(w, extra)?);
+        let tail = host_logits(&ops::matmul(head, &rows)?)?;
+        concat_columns(&lead, &tail)
     }
 }
 

@@ -54,7 +54,11 @@ fn mtp_equals_plain(spec: &str, gdn: GdnPath) {
             ("all wrong", forced(0)),
             ("first correct", forced(1)),
         ] {
-            let out = run(&p, &ids, gdn, Some(MtpOptions { depth, forced }));
+            let opts = MtpOptions {
+                forced,
+                ..MtpOptions::new(depth)
+            };
+            let out = run(&p, &ids, gdn, Some(opts));
             assert_eq!(
                 out.tokens, plain.tokens,
                 "{spec} {gdn:?} --mtp {depth}, {what}: output differs from plain decoding"
@@ -85,6 +89,55 @@ fn mtp_equals_plain(spec: &str, gdn: GdnPath) {
                 _ => {}
             }
         }
+        // Drafts from 16 ids and the sequence's own: the output is still plain decoding's.
+        let small = MtpOptions {
+            draft_vocab: Some(16),
+            ..MtpOptions::new(depth)
+        };
+        let out = run(&p, &ids, gdn, Some(small));
+        assert_eq!(
+            out.tokens, plain.tokens,
+            "{spec} {gdn:?} --mtp {depth} over a 16-id draft vocabulary"
+        );
+    }
+}
+
+/// The head's logits over part of the vocabulary (leading ids, then gathered ones) are its
+/// logits over the whole vocabulary at those ids.
+#[test]
+fn draft_logits_over_part_of_the_vocabulary_are_the_whole_ones_at_those_ids() {
+    for spec in ["qwen3_5:tiny:f32:hf", "qwen3_5:tiny:bf16:hf"] {
+        let p = load(spec);
+        let m: &dyn CausalLm = p.model.as_ref();
+        let drafter = m.drafter().expect("a head");
+        let ids = prompt(&p, 12);
+        let mut state = m.new_state();
+        let (_, hidden) = drafter
+            .forward_hidden(&ids[..11], &mut state, false)
+            .unwrap();
+        let mut draft_state = drafter.new_draft_state();
+        let out = drafter.draft(&ids[1..], &hidden, &mut draft_state).unwrap();
+        let head = out.narrow0(out.dim(0) - 1, 1).unwrap();
+        let vocab = m.info().vocab_size;
+        let whole = drafter.draft_logits(&head, vocab, &[]).unwrap();
+        let whole = whole.to_vec_f32().unwrap();
+        assert_eq!(whole.len(), vocab);
+        let extra = [vocab as u32 - 1, 500, 37];
+        let part = drafter.draft_logits(&head, 20, &extra).unwrap();
+        let part = part.to_vec_f32().unwrap();
+        let want: Vec<f32> = (0..20)
+            .chain(extra.iter().map(|&t| t as usize))
+            .map(|i| whole[i])
+            .collect();
+        assert_eq!(part.len(), want.len(), "{spec}");
+        for (i, (a, b)) in part.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{spec}: column {i}: {a} against the whole vocabulary's {b}"
+            );
+        }
+        // The leading ids are a view of the same rows: the same bits.
+        assert_eq!(part[..20], whole[..20], "{spec}");
     }
 }
 
@@ -230,10 +283,7 @@ fn mtp_is_refused_where_it_cannot_run() {
     let p = load("qwen3_5:tiny:f32:mlx");
     let opts = RequestOptions {
         temperature: Some(0.0),
-        mtp: Some(MtpOptions {
-            depth: 2,
-            forced: None,
-        }),
+        mtp: Some(MtpOptions::new(2)),
         ..Default::default()
     };
     let err = generate::generate(p.model.as_ref(), &p.request(vec![1, 2, 3], &opts), |_| {})
@@ -242,10 +292,7 @@ fn mtp_is_refused_where_it_cannot_run() {
     assert!(err.contains("mtp"), "{err}");
     let p = load("qwen3_5:tiny:f32:hf");
     let deep = RequestOptions {
-        mtp: Some(MtpOptions {
-            depth: 5,
-            forced: None,
-        }),
+        mtp: Some(MtpOptions::new(5)),
         ..opts
     };
     let err = generate::generate(p.model.as_ref(), &p.request(vec![1, 2, 3], &deep), |_| {})
@@ -363,19 +410,22 @@ fn mtp_sampling_matches_the_model_distribution() {
     let n = 2000;
     let greedy = run(&p, &ids, GdnPath::Auto, None).tokens;
     let (plain, _) = sampled_counts(&p, &ids, n, || None);
-    let (own, _) = sampled_counts(&p, &ids, n, || {
+    let (own, _) = sampled_counts(&p, &ids, n, || Some(MtpOptions::new(2)));
+    // Drafts from a few ids only: often outside the model's top 3, so rejections and the
+    // residual draw carry the distribution.
+    let (small, _) = sampled_counts(&p, &ids, n, || {
         Some(MtpOptions {
-            depth: 2,
-            forced: None,
+            draft_vocab: Some(16),
+            ..MtpOptions::new(2)
         })
     });
     let (forced, kept) = sampled_counts(&p, &ids, n, || {
         Some(MtpOptions {
-            depth: 2,
             forced: Some(ForcedDrafts {
                 reference: greedy.clone(),
                 correct: 2,
             }),
+            ..MtpOptions::new(2)
         })
     });
     println!("forced drafts kept: {kept}");
@@ -386,6 +436,7 @@ fn mtp_sampling_matches_the_model_distribution() {
     for (what, counts) in [
         ("plain", &plain),
         ("mtp own", &own),
+        ("mtp own, 16-id draft vocabulary", &small),
         ("mtp forced", &forced),
     ] {
         let (stat, crit) = chi_square(counts, &exact, n);
@@ -422,15 +473,7 @@ mod on_mlx {
         let ids = prompt(&p, 70);
         let plain = run(&p, &ids, GdnPath::Auto, None);
         for depth in [1, 3] {
-            let out = run(
-                &p,
-                &ids,
-                GdnPath::Auto,
-                Some(MtpOptions {
-                    depth,
-                    forced: None,
-                }),
-            );
+            let out = run(&p, &ids, GdnPath::Auto, Some(MtpOptions::new(depth)));
             assert_eq!(out.tokens, plain.tokens, "--mtp {depth} on MLX");
         }
     }

@@ -97,11 +97,11 @@ fn paged_mtp_rollbacks_equal_plain_decoding() {
             RequestOptions {
                 paged_kv: paged(4),
                 mtp: Some(MtpOptions {
-                    depth: 3,
                     forced: Some(ForcedDrafts {
                         reference: plain.tokens.clone(),
                         correct,
                     }),
+                    ..MtpOptions::new(3)
                 }),
                 ..Default::default()
             },

@@ -225,7 +225,10 @@ fn speculative_requests_in_a_batch_give_what_they_get_alone() {
             .collect()
     };
     let with_mtp = |mut r: GenerateRequest, depth: usize, forced: Option<ForcedDrafts>| {
-        r.mtp = Some(MtpOptions { depth, forced });
+        r.mtp = Some(MtpOptions {
+            forced,
+            ..MtpOptions::new(depth)
+        });
         r
     };
     let plain_of = |r: &GenerateRequest| generate::generate(p.model.as_ref(), r, |_| {}).unwrap();
