@@ -112,13 +112,8 @@ struct GenerateArgs {
     /// when drafts are accepted. --json adds the acceptance figures under `mtp`.
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=4))]
     mtp: Option<u8>,
-    /// With --mtp: drafts come from the token ids below N and the higher ids the prompt and
-    /// output already hold, so each draft reads that part of the LM head (a third of the bench
-    /// Qwen3.5's weights); 0 drafts from the whole vocabulary. Output never changes; only
-    /// acceptance can (the ids below 32768 hold 92-93% of English, Rust and Python text's
-    /// Qwen2 tokens, 96-97% with the ids already seen).
-    #[arg(long, value_name = "N", default_value_t = generate::DEFAULT_DRAFT_VOCAB, requires = "mtp")]
-    mtp_draft_vocab: usize,
+    #[command(flatten)]
+    draft_vocab: DraftVocabArg,
     /// Testing and benchmarking: instead of the head's drafts, use the plain greedy output's
     /// own tokens (`correct`), wrong ones (`wrong`), or the first K correct and the rest wrong
     /// (`first=K`); runs plain decoding first to know them.
@@ -256,6 +251,15 @@ struct ServeArgs {
     /// generate --mtp D` gives (greedy: plain decoding's tokens).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=4))]
     mtp: Option<u8>,
+    #[command(flatten)]
+    draft_vocab: DraftVocabArg,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// `--mtp-draft-vocab`, shared by `generate` and `serve`.
+#[derive(Args, Debug)]
+struct DraftVocabArg {
     /// With --mtp: drafts come from the token ids below N and the higher ids the prompt and
     /// output already hold, so each draft reads that part of the LM head (a third of the bench
     /// Qwen3.5's weights); 0 drafts from the whole vocabulary. Output never changes; only
@@ -263,15 +267,16 @@ struct ServeArgs {
     /// Qwen2 tokens, 96-97% with the ids already seen).
     #[arg(long, value_name = "N", default_value_t = generate::DEFAULT_DRAFT_VOCAB, requires = "mtp")]
     mtp_draft_vocab: usize,
-    #[command(flatten)]
-    run: RunArgs,
 }
 
-/// `--mtp D` with `--mtp-draft-vocab N` (0: the whole vocabulary).
-fn mtp_options(depth: u8, draft_vocab: usize) -> generate::MtpOptions {
-    generate::MtpOptions {
-        draft_vocab: (draft_vocab > 0).then_some(draft_vocab),
-        ..generate::MtpOptions::new(depth as usize)
+impl DraftVocabArg {
+    /// `--mtp D` with this draft vocabulary (0: the whole vocabulary).
+    fn mtp(&self, depth: u8) -> generate::MtpOptions {
+        let n = self.mtp_draft_vocab;
+        generate::MtpOptions {
+            draft_vocab: (n > 0).then_some(n),
+            ..generate::MtpOptions::new(depth as usize)
+        }
     }
 }
 
@@ -285,7 +290,7 @@ fn run_serve(mut a: ServeArgs) -> Result<()> {
         );
     }
     let defaults = RequestOptions {
-        mtp: a.mtp.map(|depth| mtp_options(depth, a.mtp_draft_vocab)),
+        mtp: a.mtp.map(|depth| a.draft_vocab.mtp(depth)),
         ..a.run.options(gdn_path)
     };
     let kv_budget = (a.kv_budget_mib as usize).saturating_mul(1 << 20);
@@ -425,7 +430,7 @@ fn run_generate(mut a: GenerateArgs) -> Result<()> {
         };
         req.mtp = Some(generate::MtpOptions {
             forced,
-            ..mtp_options(depth as u8, a.mtp_draft_vocab)
+            ..a.draft_vocab.mtp(depth as u8)
         });
     }
     let mut streamer = Streamer::new(&p.tokenizer);
@@ -481,7 +486,7 @@ fn run_batch(
     let opts = RequestOptions {
         prefill_step: a.prefill_step,
         ignore_eos: a.ignore_eos,
-        mtp: a.mtp.map(|depth| mtp_options(depth, a.mtp_draft_vocab)),
+        mtp: a.mtp.map(|depth| a.draft_vocab.mtp(depth)),
         ..a.run.options(gdn_path)
     };
     let reqs = p.requests_from_file(file, &opts)?;
