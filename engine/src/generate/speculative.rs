@@ -108,8 +108,10 @@ impl Pace {
     /// The weight of the newest verified draft in the acceptance estimate.
     const WEIGHT: f64 = 0.5;
     /// The least chance of being reached and kept for which a draft position is drafted.
-    /// An extra draft costs a head forward (its LM head) and a verification row, about half
-    /// a plain step on the bench widths, against a token it gains with that chance.
+    /// An extra draft costs a head forward (its layer and the draft vocabulary's rows of the
+    /// LM head, a twentieth of a plain step on the bench widths) and a verification row (up to
+    /// half a plain step where the multi-row products are compute-bound, as on AVX2), against a
+    /// token it gains with that chance.
     const WORTH: f64 = 0.5;
     /// The first and the longest run of plain steps between probes.
     const MIN_GAP: usize = 2;
