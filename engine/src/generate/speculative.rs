@@ -109,7 +109,7 @@ impl Pace {
     const WEIGHT: f64 = 0.5;
     /// The least chance of being reached and kept for which a draft position is drafted.
     /// An extra draft costs a head forward (its layer and the draft vocabulary's rows of the
-    /// LM head, a twentieth of a plain step on the bench widths) and a verification row (up to
+    /// LM head, about 7% of a plain step's weights on the bench widths) and a verification row (up to
     /// half a plain step where the multi-row products are compute-bound, as on AVX2), against a
     /// token it gains with that chance.
     const WORTH: f64 = 0.5;
