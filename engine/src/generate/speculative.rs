@@ -109,9 +109,9 @@ impl Pace {
     const WEIGHT: f64 = 0.5;
     /// The least chance of being reached and kept for which a draft position is drafted.
     /// An extra draft costs a head forward (its layer and the draft vocabulary's rows of the
-    /// LM head, about 7% of a plain step's weights on the bench widths) and a verification row (up to
-    /// half a plain step where the multi-row products are compute-bound, as on AVX2), against a
-    /// token it gains with that chance.
+    /// LM head, about 7% of a plain step's weights on the bench widths) and a verification
+    /// row (up to half a plain step where the multi-row products are compute-bound, as on
+    /// AVX2), against a token it gains with that chance.
     const WORTH: f64 = 0.5;
     /// The first and the longest run of plain steps between probes.
     const MIN_GAP: usize = 2;
