@@ -608,10 +608,27 @@ fn run_info(model: PathBuf, json: bool) -> Result<()> {
     let store = engine::weights::WeightStore::open(&model)?;
     let m = engine::models::load(&model).with_context(|| format!("loading {}", model.display()))?;
     let info = m.info();
+    // What a run that names no `--numerics` gets on each backend built here (tools such as the
+    // peer benchmark read it to measure the defaults a user gets).
+    let defaults: Vec<(&str, &str)> = Backend::ALL
+        .iter()
+        .filter(|b| b.is_built())
+        .map(|b| {
+            (
+                b.name(),
+                b.default_numerics_for(&info.weight_formats).name(),
+            )
+        })
+        .collect();
     if json {
         let mut v = serde_json::to_value(info)?;
         v["weight_bytes"] = store.total_bytes().into();
         v["model_type"] = cfg.model_type.clone().into();
+        v["default_numerics"] = defaults
+            .iter()
+            .map(|(b, n)| (b.to_string(), serde_json::Value::from(*n)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -647,6 +664,14 @@ fn run_info(model: PathBuf, json: bool) -> Result<()> {
     println!("hidden size:     {}", info.hidden_size);
     println!("vocab size:      {}", info.vocab_size);
     println!("context length:  {}", info.context_length);
+    let defaults: Vec<String> = defaults
+        .iter()
+        .map(|(b, n)| format!("{n} on {b}"))
+        .collect();
+    println!(
+        "numerics:        {} (without --numerics)",
+        defaults.join(", ")
+    );
     if let Some(m) = &info.moe {
         let mib = |b: usize| b as f64 / (1 << 20) as f64;
         println!(

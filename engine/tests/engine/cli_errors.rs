@@ -82,6 +82,43 @@ fn good_fixture_generates_json() {
     assert!(first[0][1].as_f64().unwrap() <= 0.0);
 }
 
+/// `engine info` names the numerics a run without `--numerics` gets, and `engine generate`
+/// then runs exactly those: bf16 weights get `fast` on the CPU, quantized ones `exact`.
+#[test]
+fn info_names_the_numerics_generate_runs_by_default() {
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx-written");
+    for (name, expected) in [("qwen3-bf16", "fast"), ("qwen3-q4", "exact")] {
+        let dir = base.join(name);
+        let d = dir.to_str().unwrap();
+        let (ok, stdout, stderr) = engine(&["info", "--model", d, "--json"]);
+        assert!(ok, "{stderr}");
+        let info: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(
+            info["default_numerics"]["cpu"], expected,
+            "{name}: {stdout}"
+        );
+        let (ok, text, stderr) = engine(&["info", "--model", d]);
+        assert!(ok, "{stderr}");
+        assert!(
+            text.contains(&format!("{expected} on cpu")),
+            "{name}: {text}"
+        );
+        let args = [
+            "generate",
+            "--model",
+            d,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+        ];
+        let (ok, stdout, stderr) = engine(&[&args[..], &["--json"]].concat());
+        assert!(ok, "{stderr}");
+        let run: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(run["numerics"], expected, "{name}: {stdout}");
+    }
+}
+
 #[test]
 fn missing_and_malformed_config() {
     let tmp = tempfile::tempdir().unwrap();
