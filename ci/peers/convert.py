@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Convert one of our synthetic Hugging Face-layout checkpoints to GGUF with llama.cpp's own
-converter (the vendored convert_hf_to_gguf.py), unchanged except for one thing:
+"""Convert one of our Hugging Face-layout checkpoints (synthetic, or a real one our import
+wrote) to GGUF with llama.cpp's own converter (the vendored convert_hf_to_gguf.py), unchanged
+except for one thing:
 
 The converter identifies a BPE pre-tokenizer by hashing the ids it gives for a fixed test text
 and refuses unknown hashes. Our synthetic tokenizer.json has the real family's pre-tokenizer
 regex but a synthetic vocabulary, so the hash is new. We tell it which pre-tokenizer the family
 uses (the one llama.cpp maps the real checkpoint to). llama-bench feeds random token ids and
-never tokenizes text, so this only affects metadata.
+never tokenizes text, so this only affects metadata. An imported real checkpoint has the real
+vocabulary, but our import writes its tokenizer files in its own form; naming the real model's
+pre-tokenizer (`--pre smollm` for SmolLM2) keeps the converter from guessing.
 
 Usage: convert.py LLAMA_CPP_SRC MODEL_DIR OUT.gguf [--pre NAME] [--outtype bf16]
 """

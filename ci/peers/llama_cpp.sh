@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch llama.cpp's source (vendored in the llama-cpp-python sdist on PyPI) and build
-# llama-bench + llama-quantize twice: native (-march=native) and capped to AVX2.
+# llama-bench + llama-quantize twice: native (-march=native) and capped to AVX2 (the second
+# only where the CPU has AVX-512; elsewhere native is that cap).
 #
 # Usage: bash ci/peers/llama_cpp.sh            (uses $PEERS_DIR, default target/peers)
 # Idempotent: every step is skipped when its output exists. Prints nothing on success
@@ -99,13 +100,20 @@ if [ "$SERVER_ONLY" = 1 ]; then
   exit 0
 fi
 build "$NATIVE_NAME" "${NATIVE[@]}"
-build avx2 "${AVX2[@]}"
+# The AVX2-capped build differs from the native one only where the CPU has AVX-512; on an
+# AVX2-only host the native build is that cap, so it is not built twice (PEERS_LLAMA_AVX2=1
+# builds it anyway) and LLAMA_BIN_AVX2 stays empty: run.sh then runs the native rows only.
+AVX2_BIN=
+if grep -qw avx512f /proc/cpuinfo || [ "${PEERS_LLAMA_AVX2:-0}" = 1 ]; then
+  build avx2 "${AVX2[@]}"
+  AVX2_BIN=$PEERS_DIR/build/$PYVER-avx2/bin
+fi
 
 # What the rest of the scripts read.
 cat >"$PEERS_DIR/llama_cpp.env" <<ENV
 LLAMA_CPP_PY_VERSION=$PYVER
 LLAMA_CPP_SRC=$SRC
 LLAMA_BIN_NATIVE=$PEERS_DIR/build/$PYVER-$NATIVE_NAME/bin
-LLAMA_BIN_AVX2=$PEERS_DIR/build/$PYVER-avx2/bin
+LLAMA_BIN_AVX2=$AVX2_BIN
 ENV
 log "llama.cpp ready (llama-cpp-python $PYVER); see $PEERS_DIR/llama_cpp.env"

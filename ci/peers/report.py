@@ -17,8 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ENGINES = ("ours", "llama.cpp")
-# Our row sets, each paired with the llama.cpp build of its base ISA.
-ISAS = ("native", "native+fast", "avx2", "avx2+fast")
+# Our row sets, each paired with the llama.cpp build of its base ISA: the defaults (bare ISA),
+# then named numerics.
+ISAS = ("native", "native+exact", "native+fast", "avx2", "avx2+exact", "avx2+fast")
 
 
 def TEST_ORDER(t: str):
@@ -53,8 +54,17 @@ def summarise(rows, weights, limits):
             line[f"{e}_min"] = tps[0] if tps else None
             line[f"{e}_max"] = tps[-1] if tps else None
             line[f"{e}_eff"] = efficiency(e, model, fmt, test, line[f"{e}_tps"], weights, limits)
+            if e == "ours":
+                line["ours_numerics"] = "/".join(sorted({r.get("numerics", "exact") for r in rs}))
         o, l = line["ours_tps"], line["llama.cpp_tps"]
         line["ratio"] = o / l if o and l else None
+        # The spread of the ratio: ours over llama.cpp within each repetition (they ran back to
+        # back, so a load drift hits both), min and max over the repetitions.
+        by_rep = [{r["repeat"]: r["tokens_per_s"] for r in groups.get(
+            (isa if e == "ours" else isa.split("+")[0], model, fmt, test, e), [])} for e in ENGINES]
+        paired = [by_rep[0][k] / by_rep[1][k] for k in by_rep[0] if by_rep[1].get(k)]
+        line["ratio_min"] = min(paired) if paired else None
+        line["ratio_max"] = max(paired) if paired else None
         out.append(line)
     return out
 
@@ -90,7 +100,8 @@ def markdown(lines, weights, limits, machines, timing, rows) -> str:
         out.append("Ours ran as " + "; ".join(f"`{p}` (built {b} UTC, sha256 {h}…)" for p, b, h in bins) +
                    "; its recorded commit is the checkout's at run time.")
     out.append(f"Repetitions: {timing.get('repeats', '?')} (interleaved: per repetition, per model and format, "
-               "llama.cpp native, llama.cpp AVX2, ours native, ours AVX2-capped). Values are medians.")
+               f"per ISA ({timing.get('isas', 'native avx2')}), llama.cpp then ours). Values are medians; "
+               "min–max in peers.csv.")
     out.append("")
     out.append(f"Limits measured in this run (best of {len(machines)}): f32 GEMM (best of numpy/OpenBLAS and torch, "
                f"n={m0.get('gemm_n')}, {m0.get('threads')} threads) **{limits['gemm_f32_gflops']:.1f} GFLOP/s**; memory read bandwidth "
@@ -110,15 +121,18 @@ def markdown(lines, weights, limits, machines, timing, rows) -> str:
                  "AVX2-capped (llama.cpp built without AVX-512; ours with ENGINE_CPU_ISA=avx2)")
         if isa.endswith("+fast"):
             title += ", ours with --numerics fast (int8 activations for 4-bit, bf16 for bf16 weights)"
+        elif isa.endswith("+exact"):
+            title += ", ours with --numerics exact (f32 activations)"
         else:
-            title += ", ours exact (f32 activations, the default)"
+            title += ", ours with its defaults (no --numerics; the numerics column says what that ran)"
         out += ["", f"## {title}", "",
-                "| model | format (ours / llama.cpp) | test | ours t/s | llama.cpp t/s | ours/llama.cpp | ours eff | llama.cpp eff |",
-                "|---|---|---|--:|--:|--:|--:|--:|"]
+                "| model | format (ours / llama.cpp) | ours numerics | test | ours t/s | llama.cpp t/s | ours/llama.cpp | per repetition | ours eff | llama.cpp eff |",
+                "|---|---|---|---|--:|--:|--:|--|--:|--:|"]
         for l in sel:
             out.append(f"| {l['model']} | {l['ours_weights'] or l['format']} / {l['llama.cpp_weights'] or l['format']} | "
-                       f"{l['test']} | {fmt_num(l['ours_tps'])} | {fmt_num(l['llama.cpp_tps'])} | "
-                       f"{fmt_num(l['ratio'])} | {fmt_pct(l['ours_eff'])} | {fmt_pct(l['llama.cpp_eff'])} |")
+                       f"{l['ours_numerics']} | {l['test']} | {fmt_num(l['ours_tps'])} | {fmt_num(l['llama.cpp_tps'])} | "
+                       f"{fmt_num(l['ratio'])} | {fmt_num(l['ratio_min'])}–{fmt_num(l['ratio_max'])} | "
+                       f"{fmt_pct(l['ours_eff'])} | {fmt_pct(l['llama.cpp_eff'])} |")
     # What the ISA cap costs each engine.
     by = {(l["isa"], l["model"], l["format"], l["test"]): l for l in lines}
     isa_rows = []

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Normalise one benchmark run's raw output into peer rows, appended to ROWS.jsonl.
 
-  rows.py llama RAW.jsonl ROWS.jsonl --isa native --model qwen3 --format q4 --repeat 0 [--context JSON]
-  rows.py ours  RAW.jsonl ROWS.jsonl --isa avx2   --model qwen3 --format q4 --repeat 0 [--context JSON]
+  rows.py llama RAW.jsonl ROWS.jsonl --isa native --model qwen3 --format q4 --repeat 0 [--weights W] [--context JSON]
+  rows.py ours  RAW.jsonl ROWS.jsonl --isa avx2   --model qwen3 --format q4 --repeat 0 [--weights W] [--numerics N] [--context JSON]
   rows.py mlx_lm RAW.jsonl ROWS.jsonl --isa mlx-cpu --model qwen3 --format q4 --repeat 0 [--context JSON]
 
 RAW is llama-bench's `-o jsonl`, `harness sweep`'s output or mlx_lm_bench.py's (the sweep's fields),
 holding this run's lines only.
 One row per (engine, isa, model, format, test, repeat):
   engine       ours | llama.cpp | mlx-lm
-  isa          native | avx2 (the instruction-set cap the run was built / started with)
-  model        qwen3 | qwen3_5 (bench widths, synthetic weights)
-  format       bf16 | q4 | q8 (the class compared); weights: the engine's own encoding
+  isa          native | avx2 (the instruction-set cap the run was built / started with); ours
+               with numerics other than its defaults adds them: native+exact, native+fast
+  numerics     ours only: the --numerics the run used (for the defaults, what they resolved to)
+  model        qwen3 | qwen3_5 (bench widths, synthetic weights) | smollm2 (real)
+  format       bf16 | q4 | q8 (the class compared); weights: the engine's own encoding (--weights,
+               else the synthetic checkpoints' encoding per format)
   test         pp512, pp1024 (prefill), tg32 (decode from an empty context), tg32@d512 (decode
                after 512 tokens), like llama-bench's test names
   metric       prefill | decode | decode@512 | decode@1024
@@ -69,6 +72,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--format", required=True)
     ap.add_argument("--repeat", type=int, required=True)
+    ap.add_argument("--weights", help="the encoding of the weights (default: WEIGHTS for the format)")
+    ap.add_argument("--numerics", help="ours: the numerics the run used")
     ap.add_argument("--context", default="{}", help="JSON merged into every row (machine, commit, ...)")
     a = ap.parse_args()
     engine = {"llama": "llama.cpp", "ours": "ours", "mlx_lm": "mlx-lm"}[a.engine]
@@ -77,7 +82,8 @@ def main() -> None:
     if not rows:
         sys.exit(f"rows.py: no measurements in {a.raw}")
     base = {"engine": engine, "isa": a.isa, "model": a.model, "format": a.format,
-            "weights": WEIGHTS[engine].get(a.format, a.format), "repeat": a.repeat,
+            "weights": a.weights or WEIGHTS[engine].get(a.format, a.format), "repeat": a.repeat,
+            **({"numerics": a.numerics} if a.numerics else {}),
             "loadavg_1m": round(os.getloadavg()[0], 2), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **json.loads(a.context)}
     with open(a.rows, "a") as f:
