@@ -44,10 +44,12 @@ def summarise(rows, weights, limits):
     out = []
     for isa, model, fmt, test in keys:
         line = {"isa": isa, "model": model, "format": fmt, "test": test}
+        by_rep = {}  # engine -> {repetition: tokens/s}
         for e in ENGINES:
-            # llama.cpp has one build per ISA; our `+fast` rows pair with it too.
+            # llama.cpp has one build per ISA; our `+exact` and `+fast` rows pair with it too.
             rs = groups.get((isa if e == "ours" else isa.split("+")[0], model, fmt, test, e), [])
             tps = sorted(r["tokens_per_s"] for r in rs)
+            by_rep[e] = {r["repeat"]: r["tokens_per_s"] for r in rs}
             line[f"{e}_weights"] = rs[0]["weights"] if rs else ""
             line[f"{e}_n"] = len(tps)
             line[f"{e}_tps"] = statistics.median(tps) if tps else None
@@ -60,9 +62,8 @@ def summarise(rows, weights, limits):
         line["ratio"] = o / l if o and l else None
         # The spread of the ratio: ours over llama.cpp within each repetition (they ran back to
         # back, so a load drift hits both), min and max over the repetitions.
-        by_rep = [{r["repeat"]: r["tokens_per_s"] for r in groups.get(
-            (isa if e == "ours" else isa.split("+")[0], model, fmt, test, e), [])} for e in ENGINES]
-        paired = [by_rep[0][k] / by_rep[1][k] for k in by_rep[0] if by_rep[1].get(k)]
+        ours, llama = by_rep["ours"], by_rep["llama.cpp"]
+        paired = [ours[k] / llama[k] for k in ours if llama.get(k)]
         line["ratio_min"] = min(paired) if paired else None
         line["ratio_max"] = max(paired) if paired else None
         out.append(line)
